@@ -1,0 +1,81 @@
+"""Building a solution folder into a callable: Python/Triton by import, CUDA through torch's extension builder.
+
+Runs inside the worker process only: importing a solution executes untrusted code.
+"""
+
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .model import Solution
+
+CACHE_DIR_NAME = ".flashbench-cache"
+
+
+class BuildError(Exception):
+    """The solution's sources failed to compile or import."""
+
+
+def content_hash(folder: Path) -> str:
+    """A hash of every file's path and bytes: results and builds are keyed by it."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def missing_dependencies(solution: Solution) -> list[str]:
+    """Declared packages that cannot be imported here (found without importing them)."""
+    missing = []
+    for dependency in solution.dependencies:
+        name = dependency.split("==")[0].split(">=")[0].strip().replace("-", "_")
+        try:
+            if importlib.util.find_spec(name) is None:
+                missing.append(dependency)
+        except (ImportError, ValueError):
+            missing.append(dependency)
+    return missing
+
+
+def load_entry_point(folder: Path, solution: Solution, cache_dir: Path) -> Callable:
+    if solution.language == "cuda":
+        module = _build_cuda(folder, solution, cache_dir)
+    else:
+        module = _import_python(folder, solution)
+    function = getattr(module, solution.entry_function, None)
+    if not callable(function):
+        raise BuildError(f"{solution.entry_file} has no function {solution.entry_function!r}")
+    return function
+
+
+def _import_python(folder: Path, solution: Solution):
+    sys.path.insert(0, str(folder))  # lets a solution import its sibling files
+    name = f"flashbench_solution_{content_hash(folder)}"
+    spec = importlib.util.spec_from_file_location(name, folder / solution.entry_file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise BuildError(f"importing {solution.entry_file} failed: {exc!r}") from exc
+    return module
+
+
+def _build_cuda(folder: Path, solution: Solution, cache_dir: Path):
+    from torch.utils.cpp_extension import load
+
+    sources = [folder / s for s in solution.sources] or sorted(
+        p for p in folder.iterdir() if p.suffix in (".cu", ".cpp", ".cc")
+    )
+    name = f"flashbench_cuda_{content_hash(folder)}"
+    build_dir = cache_dir / "build" / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return load(
+            name=name, sources=[str(s) for s in sources], build_directory=str(build_dir),
+            extra_cuda_cflags=list(solution.compile_flags), verbose=True,
+        )
+    except Exception as exc:
+        raise BuildError(f"building {', '.join(s.name for s in sources)} failed: {exc}") from exc

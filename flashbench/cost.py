@@ -1,0 +1,18 @@
+"""The cost model: bytes and FLOPs a definition says any solution must move and do."""
+
+from typing import Any
+
+from .expressions import COST_FUNCTIONS, parse
+from .model import Definition
+
+
+def evaluate_cost(definition: Definition, axes: dict[str, int], inputs: dict[str, Any]) -> tuple[float, float] | None:
+    """(bytes, flops) for concrete inputs, or None when the definition has no cost model."""
+    if definition.cost is None:
+        return None
+    env = {**inputs, **axes}
+    names = definition.expression_names
+    functions = frozenset(COST_FUNCTIONS)
+    nbytes = parse(definition.cost.bytes, names, functions).evaluate(env)
+    flops = parse(definition.cost.flops, names, functions).evaluate(env)
+    return float(nbytes), float(flops)

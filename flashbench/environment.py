@@ -1,0 +1,61 @@
+"""What a result was measured on: recorded in every trace."""
+
+import importlib.metadata
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+
+def hardware_name(device: str) -> str:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"CPU {platform.machine()}"
+
+
+def describe_environment(device: str, root: Path) -> dict:
+    env = {
+        "device": device,
+        "hardware": hardware_name(device),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "flashbench": _version("flashbench"),
+        "git_commit": _git(root, "rev-parse", "HEAD"),
+        "git_dirty": bool(_git(root, "status", "--porcelain", "--untracked-files=no")),
+    }
+    if torch.device(device).type == "cuda":
+        env["cuda"] = torch.version.cuda
+        env.update(_nvidia_smi(torch.device(device).index or 0))
+    return env
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _nvidia_smi(index: int) -> dict:
+    fields = ["driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.limit"]
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", f"--id={index}", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if done.returncode != 0:
+        return {}
+    values = [v.strip() for v in done.stdout.strip().split(",")]
+    return dict(zip(["driver", "sm_clock", "mem_clock", "max_sm_clock", "power_limit"], values))

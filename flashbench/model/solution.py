@@ -1,0 +1,39 @@
+"""solution.yaml: a solution folder's manifest (FlashInfer-Bench's solution spec, flattened)."""
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from .definition import Strict
+
+
+class Solution(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    definition: str
+    author: str
+    description: str = ""
+    language: Literal["python", "triton", "cuda"]
+    entry_point: str = Field(pattern=r"^[^:]+::[A-Za-z_]\w*$", description="file::function")
+    destination_passing_style: bool = Field(
+        True, description="true: outputs are pre-allocated and passed last; false: returned"
+    )
+    target_hardware: list[str] = []
+    dependencies: list[str] = Field([], description="importable packages the solution needs")
+    binding: Literal["torch"] | None = Field(None, description="CUDA only: how the module is bound")
+    compile_flags: list[str] = Field([], description="CUDA only: extra nvcc flags")
+    sources: list[str] = Field([], description="CUDA only: files to compile (default: every .cu/.cpp)")
+    tags: list[str] = Field([], description="e.g. 'baseline' for solutions others are compared with")
+
+    @model_validator(mode="after")
+    def _cuda_fields_only_for_cuda(self):
+        if self.language != "cuda" and (self.binding or self.compile_flags or self.sources):
+            raise ValueError("binding, compile_flags and sources apply to language 'cuda' only")
+        return self
+
+    @property
+    def entry_file(self) -> str:
+        return self.entry_point.split("::")[0]
+
+    @property
+    def entry_function(self) -> str:
+        return self.entry_point.split("::")[1]

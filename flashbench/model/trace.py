@@ -1,0 +1,57 @@
+"""A trace: one JSONL record per (solution, workload) run, appended under traces/<hardware>/."""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Status = Literal[
+    "PASSED", "INCORRECT_SHAPE", "INCORRECT_DTYPE", "INCORRECT_NUMERICAL", "RUNTIME_ERROR",
+    "COMPILE_ERROR", "TIMEOUT", "CRASHED", "INVALID_SOLUTION", "MISSING_DEPENDENCY", "REJECTED",
+]
+
+
+class OutputError(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="strings")  # an infinite error stays readable JSON
+
+    max_abs_error: float
+    max_rel_error: float
+    mismatch_fraction: float
+
+
+class Performance(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    latency_ms: float = Field(description="median of the timed calls: the headline")
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    p10_ms: float
+    p90_ms: float
+    samples: int
+    ci_low_ms: float = Field(description="95% confidence interval of the median, low end")
+    ci_high_ms: float
+    reference_latency_ms: float | None = None
+    speedup: float | None = Field(None, description="reference latency / latency")
+    bytes: float | None = Field(None, description="cost model: bytes any solution must move")
+    flops: float | None = None
+    timing: dict = Field(description="method and parameters of the measurement")
+    crosscheck: dict = Field({}, description="an independent measurement and whether it agrees")
+
+
+class Trace(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    definition: str
+    workload: str = Field(description="workload uuid")
+    workload_name: str = ""
+    solution: str
+    solution_hash: str
+    author: str
+    hardware: str
+    status: Status
+    message: str = ""
+    log: str = ""
+    correctness: dict[str, OutputError] = {}
+    performance: Performance | None = None
+    environment: dict = {}
+    timestamp: str

@@ -1,0 +1,63 @@
+"""Loading a definition's reference implementation and checking its `run` signature."""
+
+import importlib.util
+import inspect
+import sys
+import types
+from pathlib import Path
+from typing import Callable
+
+from .errors import FlashbenchError
+from .model import Definition
+
+
+def load_reference(definition: Definition, root: Path, definition_file: Path | None = None) -> Callable:
+    """The reference's `run`, checked against the definition's inputs."""
+    where = definition_file or definition.name
+    if definition.reference_is_path:
+        module = _import_file(root / definition.reference, where)
+    else:
+        module = _exec_source(definition.reference, definition.name, where)
+    run = getattr(module, "run", None)
+    if not callable(run):
+        raise FlashbenchError("the reference defines no function 'run'", where, "reference")
+    check_signature(run, list(definition.inputs), where, "reference")
+    return run
+
+
+def check_signature(func: Callable, expected: list[str], where: object, field: str) -> None:
+    """`func` must take exactly the parameters `expected`, in order."""
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return  # compiled callables may not expose a signature
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return
+    names = [p.name for p in params]
+    if names != expected:
+        raise FlashbenchError(
+            f"run takes ({', '.join(names)}) but the inputs are ({', '.join(expected)})", where, field
+        )
+
+
+def _import_file(path: Path, where: object) -> types.ModuleType:
+    if not path.is_file():
+        raise FlashbenchError(f"reference file {path} does not exist", where, "reference")
+    name = f"flashbench_reference_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # a broken reference is a definition error, not a crash
+        raise FlashbenchError(f"reference {path} fails to import: {exc!r}", where, "reference") from None
+    sys.modules[name] = module
+    return module
+
+
+def _exec_source(source: str, name: str, where: object) -> types.ModuleType:
+    module = types.ModuleType(f"flashbench_reference_{name}")
+    try:
+        exec(compile(source, f"<reference of {name}>", "exec"), module.__dict__)
+    except Exception as exc:
+        raise FlashbenchError(f"embedded reference fails to load: {exc!r}", where, "reference") from None
+    return module

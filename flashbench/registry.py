@@ -1,0 +1,149 @@
+"""Finding definitions, workload sets and solution folders in a flashbench repository.
+
+Layout:
+    definitions/<op_type>/<name>.{yaml,yml,json}     a definition
+    definitions/<op_type>/<name>.workloads.yaml      its workload set
+    references/<op_type>/<name>.py                   its reference (named by the definition)
+    solutions/<definition>/<solution>/solution.yaml  a solution folder
+"""
+
+import difflib
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from .errors import FlashbenchError
+from .model import Definition, Solution, WorkloadSet, load_model
+from .reference import load_reference
+
+DEFINITION_SUFFIXES = (".yaml", ".yml", ".json")
+WORKLOADS_SUFFIX = ".workloads.yaml"
+
+
+@dataclass(frozen=True)
+class DefinitionFile:
+    path: Path
+    definition: Definition
+
+
+@dataclass(frozen=True)
+class SolutionFolder:
+    path: Path
+    solution: Solution
+
+
+def find_root(start: Path | None = None) -> Path:
+    """The repository root: $FLASHBENCH_ROOT, else the nearest folder upwards holding definitions/."""
+    if os.environ.get("FLASHBENCH_ROOT"):
+        return Path(os.environ["FLASHBENCH_ROOT"]).resolve()
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "definitions").is_dir():
+            return folder
+    raise FlashbenchError(
+        f"no definitions/ folder in {here} or above; run inside a flashbench repository or set FLASHBENCH_ROOT"
+    )
+
+
+def is_definition_file(path: Path) -> bool:
+    return path.suffix in DEFINITION_SUFFIXES and not path.name.endswith(WORKLOADS_SUFFIX)
+
+
+def load_definition_file(path: Path, root: Path) -> DefinitionFile:
+    """Load and fully check one definition file, its placement and its reference."""
+    definition = load_model(Definition, path)
+    if path.stem != definition.name:
+        raise FlashbenchError(f"name {definition.name!r} differs from the file name {path.stem!r}", path, "name")
+    if path.parent.name != definition.op_type:
+        raise FlashbenchError(
+            f"op_type {definition.op_type!r} differs from its folder {path.parent.name!r}", path, "op_type"
+        )
+    load_reference(definition, root, path)
+    return DefinitionFile(path, definition)
+
+
+def load_solution_folder(path: Path) -> SolutionFolder:
+    manifest = path / "solution.yaml"
+    if not manifest.is_file():
+        raise FlashbenchError("no solution.yaml in this folder", path)
+    solution = load_model(Solution, manifest)
+    entry = path / solution.entry_file
+    if not entry.is_file():
+        raise FlashbenchError(f"entry file {solution.entry_file} does not exist", manifest, "entry_point")
+    return SolutionFolder(path, solution)
+
+
+class Repo:
+    """A flashbench repository on disk. Loads lazily; every error names its file."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root).resolve() if root else find_root()
+
+    @cached_property
+    def definition_files(self) -> dict[str, DefinitionFile]:
+        found: dict[str, DefinitionFile] = {}
+        for path in sorted((self.root / "definitions").glob("*/*")):
+            if not is_definition_file(path):
+                continue
+            loaded = load_definition_file(path, self.root)
+            name = loaded.definition.name
+            if name in found:
+                raise FlashbenchError(f"definition {name!r} is also defined in {found[name].path}", path, "name")
+            found[name] = loaded
+        return found
+
+    def names(self) -> list[str]:
+        return sorted(self.definition_files)
+
+    def resolve(self, name: str) -> str:
+        """A definition name from an exact name or a unique prefix."""
+        names = self.names()
+        if name in names:
+            return name
+        candidates = [n for n in names if n.startswith(name)]
+        if len(candidates) == 1:
+            return candidates[0]
+        if candidates:
+            raise FlashbenchError(f"{name!r} is ambiguous; it matches: {', '.join(candidates)}")
+        close = difflib.get_close_matches(name, names, n=5, cutoff=0.3) or names
+        raise FlashbenchError(f"no definition named {name!r}; known: {', '.join(close) or 'none'}")
+
+    def definition(self, name: str) -> Definition:
+        return self.definition_files[self.resolve(name)].definition
+
+    def definition_path(self, name: str) -> Path:
+        return self.definition_files[self.resolve(name)].path
+
+    def reference(self, name: str):
+        entry = self.definition_files[self.resolve(name)]
+        return load_reference(entry.definition, self.root, entry.path)
+
+    def workloads_path(self, name: str) -> Path:
+        path = self.definition_path(name)
+        return path.with_name(path.stem + WORKLOADS_SUFFIX)
+
+    def workload_set(self, name: str) -> WorkloadSet | None:
+        path = self.workloads_path(name)
+        if not path.is_file():
+            return None
+        workload_set = load_model(WorkloadSet, path)
+        if workload_set.definition != self.resolve(name):
+            raise FlashbenchError(
+                f"names {workload_set.definition!r} but sits next to {self.resolve(name)!r}", path, "definition"
+            )
+        return workload_set
+
+    def solution_folders(self, name: str) -> list[SolutionFolder]:
+        definition = self.resolve(name)
+        folder = self.root / "solutions" / definition
+        found = []
+        for manifest in sorted(folder.glob("*/solution.yaml")):
+            loaded = load_solution_folder(manifest.parent)
+            if loaded.solution.definition != definition:
+                raise FlashbenchError(
+                    f"names definition {loaded.solution.definition!r} but sits under solutions/{definition}/",
+                    manifest, "definition",
+                )
+            found.append(loaded)
+        return found

@@ -1,0 +1,68 @@
+"""Correctness: a solution's outputs against the reference's, with the definition's tolerances."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..dtypes import torch_dtype
+from ..model import Definition, OutputError
+
+
+@dataclass
+class Verdict:
+    status: str = "PASSED"
+    message: str = ""
+    errors: dict[str, OutputError] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "PASSED"
+
+
+def compare_outputs(definition: Definition, got: dict, expected: dict[str, torch.Tensor], device_type: str) -> Verdict:
+    """Check every output: plain tensor, shape, dtype, device, then values within tolerance."""
+    verdict = Verdict()
+    for name, spec in definition.outputs.items():
+        reference = expected[name]
+        value = got.get(name)
+        if value is None:
+            return Verdict("INCORRECT_SHAPE", f"output {name} is missing")
+        if isinstance(value, str):
+            return Verdict("INCORRECT_DTYPE", f"output {name} is {value}")
+        tensor, on = value["tensor"], value["device"]
+        if on != device_type:
+            return Verdict("RUNTIME_ERROR", f"output {name} is on {on}, expected {device_type}")
+        if list(tensor.shape) != list(reference.shape):
+            return Verdict("INCORRECT_SHAPE", f"output {name} has shape {list(tensor.shape)}, expected {list(reference.shape)}")
+        if tensor.dtype != torch_dtype(spec.dtype):
+            return Verdict("INCORRECT_DTYPE", f"output {name} is {str(tensor.dtype).removeprefix('torch.')}, expected {spec.dtype}")
+        error, bad = output_error(tensor, reference, definition.tolerance(name))
+        verdict.errors[name] = error
+        if bad and verdict.passed:
+            verdict.status = "INCORRECT_NUMERICAL"
+            verdict.message = (
+                f"output {name}: {error.mismatch_fraction:.2%} of elements outside atol/rtol "
+                f"(max abs error {error.max_abs_error:.3g}, max rel error {error.max_rel_error:.3g})"
+            )
+    return verdict
+
+
+def output_error(got: torch.Tensor, expected: torch.Tensor, tolerance) -> tuple[OutputError, bool]:
+    """Error statistics and whether they exceed the tolerance. Matching same-sign infinities
+    agree (an lse of -inf for an empty request); NaN never passes."""
+    got64, expected64 = got.double(), expected.double()
+    same_infinity = torch.isinf(got64) & torch.isinf(expected64) & (torch.sign(got64) == torch.sign(expected64))
+    difference = torch.where(same_infinity, 0.0, (got64 - expected64).abs())
+    difference = torch.nan_to_num(difference, nan=float("inf"))  # NaN anywhere is infinitely wrong
+    magnitude = torch.where(torch.isfinite(expected64), expected64.abs(), 0.0)
+    allowed = tolerance.atol + tolerance.rtol * magnitude
+    outside = ~(difference <= allowed)
+    relative = difference / expected64.abs().clamp_min(1e-6)
+    count = max(got.numel(), 1)
+    mismatch = outside.sum().item() / count
+    error = OutputError(
+        max_abs_error=difference.max().item() if got.numel() else 0.0,
+        max_rel_error=torch.where(same_infinity, 0.0, relative).max().item() if got.numel() else 0.0,
+        mismatch_fraction=mismatch,
+    )
+    return error, mismatch > tolerance.max_mismatch_fraction

@@ -1,0 +1,69 @@
+"""Append-only JSONL traces under traces/<hardware>/<definition>.jsonl.
+
+Each record is written with one os.write on a file opened O_APPEND, so a crash or kill
+leaves whole lines; a torn last line (power loss) is skipped on reading and fenced off with
+a newline before the next append.
+"""
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from .errors import FlashbenchError
+from .model import Trace
+
+
+def hardware_slug(name: str) -> str:
+    """'NVIDIA H200' -> 'nvidia_h200': the folder a GPU's traces live in."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "unknown"
+
+
+def trace_path(trace_dir: Path, hardware: str, definition: str) -> Path:
+    return Path(trace_dir) / hardware_slug(hardware) / f"{definition}.jsonl"
+
+
+def check_writable(path: Path) -> None:
+    """Fail before any work starts if the trace file cannot be appended to."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise FlashbenchError(f"cannot write traces: {exc.strerror}", path) from None
+
+
+def append_trace(path: Path, trace: Trace) -> None:
+    line = (trace.model_dump_json() + "\n").encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        if os.fstat(fd).st_size and not _ends_with_newline(path):
+            os.write(fd, b"\n")
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_traces(path: Path) -> list[Trace]:
+    """Every valid record; torn or invalid lines are reported on stderr and skipped."""
+    if not Path(path).is_file():
+        return []
+    traces = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            traces.append(Trace.model_validate_json(line))
+        except ValidationError:
+            print(f"warning: {path}: line {number} is not a valid trace; skipped", file=sys.stderr)
+    return traces
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) == b"\n"

@@ -1,0 +1,129 @@
+"""`flashbench validate`: check definitions, workload sets and solution folders without running them."""
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+from .binding import BindingError
+from .errors import FlashbenchError
+from .model import Solution, WorkloadSet, load_model
+from .registry import WORKLOADS_SUFFIX, Repo, is_definition_file, load_definition_file, load_solution_folder
+from .workloads import generate_inputs
+
+
+@dataclass(frozen=True)
+class Checked:
+    path: Path
+    kind: str  # definition | workloads | solution
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def validate(repo: Repo, paths: list[Path] | None = None) -> list[Checked]:
+    """Check each path (a file or a folder, searched recursively); the whole repo when none is given."""
+    targets = paths or [repo.root / "definitions", repo.root / "solutions"]
+    results = []
+    for target in targets:
+        for path, kind in _discover(Path(target)):
+            results.append(_check(repo, path, kind))
+    return results
+
+
+def _discover(target: Path):
+    if not target.exists():
+        raise FlashbenchError("no such file or folder", target)
+    if target.is_dir() and (target / "solution.yaml").is_file():
+        yield target, "solution"
+        return
+    if target.is_file():
+        if target.name == "solution.yaml":
+            yield target.parent, "solution"
+        elif target.name.endswith(WORKLOADS_SUFFIX):
+            yield target, "workloads"
+        elif is_definition_file(target):
+            yield target, "definition"
+        return
+    for child in sorted(target.iterdir()):
+        if child.is_dir() or child.name == "solution.yaml" or is_definition_file(child) or child.name.endswith(WORKLOADS_SUFFIX):
+            yield from _discover(child)
+
+
+def _check(repo: Repo, path: Path, kind: str) -> Checked:
+    try:
+        {"definition": _check_definition, "workloads": _check_workloads, "solution": _check_solution}[kind](repo, path)
+    except FlashbenchError as exc:
+        return Checked(path, kind, str(exc))
+    return Checked(path, kind)
+
+
+def _check_definition(repo: Repo, path: Path) -> None:
+    load_definition_file(path, repo.root)
+
+
+def _check_workloads(repo: Repo, path: Path) -> None:
+    """Every workload's inputs are generated (shapes only, indices for real) and bound to the definition."""
+    workload_set = load_model(WorkloadSet, path)
+    expected = path.name.removesuffix(WORKLOADS_SUFFIX)
+    if workload_set.definition != expected:
+        raise FlashbenchError(f"names {workload_set.definition!r} but sits next to {expected!r}", path, "definition")
+    definition = repo.definition(expected)
+    for i, workload in enumerate(workload_set.workloads):
+        where = f"workloads[{i}] ({workload.label})"
+        for axis in workload.axes:
+            if axis not in definition.var_axes:
+                raise FlashbenchError(f"axes.{axis}: not a var axis of {definition.name}", path, where)
+        for name in workload.inputs:
+            if name not in definition.inputs:
+                raise FlashbenchError(f"inputs.{name}: not an input of {definition.name}", path, where)
+        try:
+            generate_inputs(definition, workload, seed=0, device="meta", base_dir=path.parent)
+        except (BindingError, ValueError) as exc:
+            raise FlashbenchError(str(exc), path, where) from None
+
+
+def _check_solution(repo: Repo, path: Path) -> None:
+    folder = load_solution_folder(path)
+    solution = folder.solution
+    manifest = path / "solution.yaml"
+    try:
+        definition = repo.definition(solution.definition)
+    except FlashbenchError as exc:
+        raise FlashbenchError(exc.message, manifest, "definition") from None
+    if definition.name != solution.definition:
+        raise FlashbenchError(f"use the full name {definition.name!r}", manifest, "definition")
+    if path.parent.parent == repo.root / "solutions" and path.parent.name != definition.name:
+        raise FlashbenchError(
+            f"names definition {definition.name!r} but sits under solutions/{path.parent.name}/", manifest, "definition"
+        )
+    if solution.language != "cuda":
+        expected = expected_parameters(definition, solution)
+        check_signature_statically(path / solution.entry_file, solution.entry_function, expected, manifest)
+
+
+def expected_parameters(definition, solution: Solution) -> list[str]:
+    names = list(definition.inputs)
+    return names + list(definition.outputs) if solution.destination_passing_style else names
+
+
+def check_signature_statically(source: Path, function: str, expected: list[str], manifest: Path) -> None:
+    """Find `def function(...)` at the top level of `source` without importing (it is untrusted code)."""
+    try:
+        tree = ast.parse(source.read_text(), filename=str(source))
+    except SyntaxError as exc:
+        raise FlashbenchError(f"{source.name} line {exc.lineno}: {exc.msg}", manifest, "entry_point") from None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
+            args = node.args
+            if args.vararg or args.kwarg:
+                return
+            names = [a.arg for a in args.posonlyargs + args.args]
+            if names != expected:
+                raise FlashbenchError(
+                    f"{function} takes ({', '.join(names)}) but must take ({', '.join(expected)})",
+                    manifest, "entry_point",
+                )
+            return
+    raise FlashbenchError(f"{source.name} defines no top-level function {function!r}", manifest, "entry_point")

@@ -1,0 +1,78 @@
+"""Turning a workload record into concrete inputs that satisfy the definition.
+
+Index structure (from structured generators) is seeded by the workload's uuid alone, so a
+workload always has the same lengths and pages; tensor contents are seeded by the run's
+seed, so several seeds give independent input sets of the same shape.
+"""
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..binding import BindingError, bind_axes
+from ..model import Definition, Workload
+from ..model.workload import SafetensorsInput, ScalarInput
+from .generators import GENERATORS, sample_lengths
+from .tensors import DEFAULT_RANDOM, random_tensor, safetensors_tensor, scalar_value
+
+__all__ = ["GENERATORS", "derive_seed", "generate_inputs", "sample_lengths"]
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 63-bit seed from any parts (seed, uuid, input name...)."""
+    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def generate_inputs(
+    definition: Definition, workload: Workload, seed: int, device: str = "cpu", base_dir: Path = Path(".")
+) -> dict[str, Any]:
+    """Every input of `workload` on `device`, checked against the definition's shapes and constraints."""
+    inputs, axes = _structured_inputs(workload, device)
+    axes = {**definition.const_axes, **workload.axes, **axes}
+    for name, spec in definition.inputs.items():
+        if name in inputs:
+            continue
+        descriptor = workload.inputs.get(name, DEFAULT_RANDOM)
+        if isinstance(descriptor, ScalarInput):
+            inputs[name] = scalar_value(descriptor, spec.dtype)
+        elif isinstance(descriptor, SafetensorsInput):
+            inputs[name] = safetensors_tensor(descriptor, base_dir, spec.dtype, device)
+        else:
+            if spec.shape is None:
+                raise BindingError(f"input {name} is a scalar; give it as {{type: scalar, value: ...}}")
+            shape = _concrete_shape(name, spec.shape, axes)
+            inputs[name] = random_tensor(descriptor, shape, spec.dtype, derive_seed(seed, workload.uuid, name), device)
+    bound = bind_axes(definition, inputs)
+    for axis, value in workload.axes.items():
+        if bound.get(axis) != value:
+            raise BindingError(f"axes.{axis} is {value} in the workload but the inputs give {bound.get(axis)}")
+    return inputs
+
+
+def _structured_inputs(workload: Workload, device: str) -> tuple[dict[str, Any], dict[str, int]]:
+    inputs: dict[str, Any] = {}
+    axes: dict[str, int] = {}
+    for i, spec in enumerate(workload.generate):
+        rng = np.random.default_rng(derive_seed(workload.uuid, "generate", i))
+        try:
+            tensors, generated_axes = GENERATORS[spec.generator](spec, rng)
+        except ValueError as exc:
+            raise BindingError(f"generate[{i}] ({spec.generator}): {exc}") from None
+        # On "meta" (shape-only checks) index tensors keep their data on the CPU for the constraints.
+        target = "cpu" if device == "meta" else device
+        inputs.update({k: v.to(target) for k, v in tensors.items()})
+        axes.update(generated_axes)
+    return inputs, axes
+
+
+def _concrete_shape(name: str, shape: list[str], axes: dict[str, int]) -> list[int]:
+    unbound = [a for a in shape if a not in axes]
+    if unbound:
+        raise BindingError(f"input {name} needs axis {unbound[0]}; give it under the workload's axes")
+    return [axes[a] for a in shape]
+
+

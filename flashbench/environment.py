@@ -1,6 +1,7 @@
 """What a result was measured on: recorded in every trace."""
 
 import importlib.metadata
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -21,8 +22,9 @@ def describe_environment(device: str, root: Path) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": _version("triton"),
-        "flashbench": _version("flashbench"),
-        "git_commit": _git(root, "rev-parse", "HEAD"),
+        "flashbench": _version("flashbench") or _package_version(),
+        # A copy of the tree without .git (e.g. shipped to a GPU machine) names its commit in the environment.
+        "git_commit": _git(root, "rev-parse", "HEAD") or os.environ.get("FLASHBENCH_GIT_COMMIT"),
         "git_dirty": bool(_git(root, "status", "--porcelain", "--untracked-files=no")),
     }
     if torch.device(device).type == "cuda":
@@ -36,6 +38,11 @@ def _version(package: str) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def _package_version() -> str:
+    from . import __version__
+    return __version__
 
 
 def _git(root: Path, *args: str) -> str | None:

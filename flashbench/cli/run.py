@@ -117,3 +117,48 @@ def submit(ctx, path, device, warmup, iters, seed, timeout, timing):
     if failed:
         raise FlashbenchError(f"not submitted: {failed[0].status} on {failed[0].workload_name}: {failed[0].message}", path)
     console.print(f"submitted to {install_solution(repo, path.resolve()).relative_to(repo.root)}", highlight=False)
+
+
+@main.command()
+@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present, else cpu).")
+@click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default: traces/ in the repo.")
+@click.pass_context
+def calibrate(ctx, device, trace_dir):
+    """Measure the device's copy bandwidth and bf16 matmul rate (the roofs for % of speed-of-light)."""
+    from ..calibrate import calibrate as measure, save_calibration
+
+    repo = repo_from(ctx)
+    calibration = measure(device or default_device(), repo.root)
+    path = save_calibration(calibration, trace_dir or repo.root / "traces")
+    console.print(f"{calibration.hardware}: {calibration.memory_bytes_per_s / 1e12:.2f} TB/s copy, "
+                  f"{calibration.matmul_flops_per_s / 1e12:.0f} TFLOP/s bf16 matmul -> {path}", highlight=False)
+
+
+@main.command()
+@click.option("--def", "definition", required=True, help="Definition name or unique prefix.")
+@click.option("--hardware", required=True, help="Hardware name or its folder under traces/, e.g. nvidia_h200.")
+@click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default: traces/ in the repo.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the Markdown here.")
+@click.pass_context
+def report(ctx, definition, hardware, trace_dir, out):
+    """A Markdown benchmark table from recorded traces: floor and each solution's latency per workload."""
+    from ..calibrate import load_calibration
+    from ..report import benchmark_table, markdown_report
+    from ..traces import read_traces, trace_path
+
+    repo = repo_from(ctx)
+    name = repo.resolve(definition)
+    trace_dir = trace_dir or repo.root / "traces"
+    path = trace_path(trace_dir, hardware, name)
+    traces = read_traces(path)
+    if not traces:
+        raise FlashbenchError("no traces recorded here", path)
+    calibration = load_calibration(trace_dir, hardware)
+    table = benchmark_table(traces, repo.workload_set(name).workloads, hardware, calibration)
+    shown = path.relative_to(repo.root) if path.is_relative_to(repo.root) else path
+    text = markdown_report(f"{name} on {traces[0].hardware}", table, calibration, shown)
+    if out:
+        out.write_text(text)
+        console.print(f"wrote {out}", highlight=False)
+    else:
+        console.print(text, markup=False, highlight=False)

@@ -13,3 +13,7 @@ __all__ = [
 from .trace import OutputError, Performance, Status, Trace  # noqa: E402
 
 __all__ += ["OutputError", "Performance", "Status", "Trace"]
+
+from .calibration import Calibration  # noqa: E402
+
+__all__ += ["Calibration"]

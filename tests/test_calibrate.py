@@ -1,0 +1,18 @@
+from flashbench.calibrate import calibrate, load_calibration, save_calibration
+
+
+def test_calibration_measures_and_round_trips(tmp_path):
+    calibration = calibrate("cpu", tmp_path, copy_bytes=1 << 20, matmul_size=64, repeats=3)
+    assert calibration.memory_bytes_per_s > 0 and calibration.matmul_flops_per_s > 0
+    assert calibration.method["copy_bytes"] == 1 << 20
+    path = save_calibration(calibration, tmp_path)
+    assert path.parent.name == "cpu_" + calibration.hardware.split()[-1].lower()
+    assert load_calibration(tmp_path, calibration.hardware) == calibration
+
+
+def test_floor_is_the_larger_bound(tmp_path):
+    calibration = calibrate("cpu", tmp_path, copy_bytes=1 << 16, matmul_size=32, repeats=1)
+    calibration = calibration.model_copy(update={"memory_bytes_per_s": 1e9, "matmul_flops_per_s": 1e12})
+    assert calibration.floor_ms(1e6, 1e6) == 1.0  # memory-bound: 1 MB at 1 GB/s
+    assert calibration.floor_ms(1e3, 1e10) == 10.0  # compute-bound: 1e10 FLOPs at 1 TFLOP/s
+    assert calibration.floor_ms(None, None) is None

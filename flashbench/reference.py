@@ -48,7 +48,7 @@ def _import_file(path: Path, where: object) -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # a broken reference is a definition error, not a crash
+    except (Exception, SystemExit) as exc:  # a broken reference is a definition error, not a crash
         raise FlashbenchError(f"reference {path} fails to import: {exc!r}", where, "reference") from None
     sys.modules[name] = module
     return module
@@ -58,6 +58,6 @@ def _exec_source(source: str, name: str, where: object) -> types.ModuleType:
     module = types.ModuleType(f"flashbench_reference_{name}")
     try:
         exec(compile(source, f"<reference of {name}>", "exec"), module.__dict__)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise FlashbenchError(f"embedded reference fails to load: {exc!r}", where, "reference") from None
     return module

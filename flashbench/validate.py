@@ -24,7 +24,7 @@ class Checked:
 
 def validate(repo: Repo, paths: list[Path] | None = None) -> list[Checked]:
     """Check each path (a file or a folder, searched recursively); the whole repo when none is given."""
-    targets = paths or [repo.root / "definitions", repo.root / "solutions"]
+    targets = paths or [p for p in (repo.root / "definitions", repo.root / "solutions") if p.is_dir()]
     results = []
     for target in targets:
         for path, kind in _discover(Path(target)):

@@ -14,8 +14,8 @@ class RandomInput(Strict):
     distribution: Literal["normal", "uniform"] = "normal"
     mean: float = 0.0
     std: float = Field(1.0, gt=0)
-    low: float = Field(0.0, description="uniform: inclusive lower bound")
-    high: float = Field(1.0, description="uniform: exclusive upper bound")
+    low: float | None = Field(None, description="uniform: inclusive lower bound (floats: default 0)")
+    high: float | None = Field(None, description="uniform: exclusive upper bound (floats: default 1); integers need both")
 
 
 class ScalarInput(Strict):

@@ -18,7 +18,7 @@ from ..model.workload import SafetensorsInput, ScalarInput
 from .generators import GENERATORS, sample_lengths
 from .tensors import DEFAULT_RANDOM, random_tensor, safetensors_tensor, scalar_value
 
-__all__ = ["GENERATORS", "derive_seed", "generate_inputs", "sample_lengths"]
+__all__ = ["GENERATORS", "derive_seed", "generate_inputs", "sample_lengths", "structured_inputs"]
 
 
 def derive_seed(*parts: object) -> int:
@@ -31,7 +31,10 @@ def generate_inputs(
     definition: Definition, workload: Workload, seed: int, device: str = "cpu", base_dir: Path = Path(".")
 ) -> dict[str, Any]:
     """Every input of `workload` on `device`, checked against the definition's shapes and constraints."""
-    inputs, axes = _structured_inputs(workload, device)
+    inputs, axes = structured_inputs(workload, device)
+    both = sorted(set(inputs) & set(workload.inputs))
+    if both:
+        raise BindingError(f"inputs.{both[0]}: a generator already makes this input; give it in one place only")
     axes = {**definition.const_axes, **workload.axes, **axes}
     for name, spec in definition.inputs.items():
         if name in inputs:
@@ -40,7 +43,8 @@ def generate_inputs(
         if isinstance(descriptor, ScalarInput):
             inputs[name] = scalar_value(descriptor, spec.dtype)
         elif isinstance(descriptor, SafetensorsInput):
-            inputs[name] = safetensors_tensor(descriptor, base_dir, spec.dtype, device)
+            # Captured tensors may be index tensors the constraints read: on "meta" they stay on the CPU.
+            inputs[name] = safetensors_tensor(descriptor, base_dir, spec.dtype, "cpu" if device == "meta" else device)
         else:
             if spec.shape is None:
                 raise BindingError(f"input {name} is a scalar; give it as {{type: scalar, value: ...}}")
@@ -53,7 +57,8 @@ def generate_inputs(
     return inputs
 
 
-def _structured_inputs(workload: Workload, device: str) -> tuple[dict[str, Any], dict[str, int]]:
+def structured_inputs(workload: Workload, device: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """The inputs made by the workload's structured generators, and the axis values they decide."""
     inputs: dict[str, Any] = {}
     axes: dict[str, int] = {}
     for i, spec in enumerate(workload.generate):

@@ -13,16 +13,19 @@ DEFAULT_RANDOM = RandomInput(type="random")
 
 def random_tensor(spec: RandomInput, shape: list[int], dtype: str, seed: int, device: str) -> torch.Tensor:
     target = torch_dtype(dtype)
+    integer = not is_float(dtype) and dtype != "bool"
+    if integer and (spec.low is None or spec.high is None or spec.high <= spec.low):
+        raise ValueError(f"a random {dtype} input needs low < high (e.g. {{type: random, low: 0, high: 100}})")
     if device == "meta":  # shape-only validation: no data, no generator
         return torch.empty(shape, dtype=target, device="meta")
     generator = torch.Generator(device=device).manual_seed(seed)
     if dtype == "bool":
         return torch.randint(0, 2, shape, generator=generator, device=device).bool()
-    if not is_float(dtype):
-        low, high = int(spec.low), int(spec.high) if spec.high > spec.low else int(spec.low) + 1
-        return torch.randint(low, high, shape, generator=generator, device=device, dtype=target)
+    if integer:
+        return torch.randint(int(spec.low), int(spec.high), shape, generator=generator, device=device, dtype=target)
     if spec.distribution == "uniform":
-        values = torch.rand(shape, generator=generator, device=device) * (spec.high - spec.low) + spec.low
+        low, high = spec.low or 0.0, 1.0 if spec.high is None else spec.high
+        values = torch.rand(shape, generator=generator, device=device) * (high - low) + low
     else:
         values = torch.randn(shape, generator=generator, device=device) * spec.std + spec.mean
     return values.to(target)

@@ -1,0 +1,145 @@
+"""The `list`, `show` and `validate` commands."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from flashbench.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+DECODE = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+PREFILL = "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"
+
+
+def invoke(root, *args):
+    return CliRunner().invoke(main, ["--root", str(root), *args])
+
+
+@pytest.fixture
+def root(tmp_path):
+    shutil.copytree(REPO / "definitions", tmp_path / "definitions")
+    shutil.copytree(REPO / "references", tmp_path / "references")
+    return tmp_path
+
+
+def break_definition(root, edit):
+    path = root / "definitions" / "mla_paged" / f"{DECODE}.yaml"
+    data = yaml.safe_load(path.read_text())
+    edit(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_list_shows_both_definitions():
+    result = invoke(REPO, "list")
+    assert result.exit_code == 0, result.output
+    assert DECODE in result.output and PREFILL in result.output  # full names, never cut short
+    assert "mla_paged" in result.output and "stage:decode" in result.output
+
+
+def test_list_counts_workloads(root):
+    result = invoke(root, "list")
+    assert result.exit_code == 0, result.output
+    decode_row = next(line for line in result.output.splitlines() if DECODE in line)
+    assert " 11 " in decode_row  # the decode workload set has 11 workloads
+
+
+def test_list_on_an_empty_repo(tmp_path):
+    (tmp_path / "definitions").mkdir()
+    result = invoke(tmp_path, "list")
+    assert result.exit_code == 0 and "Traceback" not in result.output
+
+
+def test_show_prints_axes_constraints_and_cost():
+    result = invoke(REPO, "show", "mla_paged_decode")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert out.startswith(DECODE)
+    for axis in ("batch_size", "num_qo_heads", "head_dim_ckv", "head_dim_kpe", "page_size", "num_pages",
+                 "len_indptr", "num_kv_indices"):
+        assert axis in out
+    for constraint in ("len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1]", "kv_indptr[0] == 0"):
+        assert f"  {constraint}\n" in out
+    assert "[len_indptr]" in out and "[num_kv_indices]" in out and "scalar" in out  # shapes are shown
+    assert "cost model" in out and "bytes:" in out and "flops: 2 * num_qo_heads" in out
+    assert "lse: atol=0.01 rtol=0.001" in out
+    assert f"references/mla_paged/{DECODE}.py" in out
+
+
+def test_show_unknown_lists_close_names():
+    result = invoke(REPO, "show", "mla_paged_decod")
+    assert result.exit_code == 0  # a unique prefix
+    result = invoke(REPO, "show", "gqa_paged_decode")
+    assert result.exit_code == 2
+    assert "no definition named 'gqa_paged_decode'" in result.output and DECODE in result.output
+    assert "Traceback" not in result.output
+
+
+def test_show_ambiguous_lists_candidates():
+    result = invoke(REPO, "show", "mla")
+    assert result.exit_code == 2
+    assert "ambiguous" in result.output and DECODE in result.output and PREFILL in result.output
+    assert "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_validate_the_repo():
+    result = invoke(REPO, "validate")
+    assert result.exit_code == 0, result.output
+    assert "invalid" not in result.output.replace(" 0 invalid", "")
+    assert f"{DECODE}.yaml" in result.output and f"{PREFILL}.workloads.yaml" in result.output
+
+
+def test_validate_one_file():
+    result = invoke(REPO, "validate", str(REPO / "definitions" / "mla_paged" / f"{DECODE}.workloads.yaml"))
+    assert result.exit_code == 0, result.output
+    assert "1 valid, 0 invalid" in result.output
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["inputs"]["q_pe"].update(dtype="float33"), "inputs.q_pe.dtype"),
+    (lambda d: d["constraints"].append("__import__('os').system('x')"), "constraints[4]"),
+    (lambda d: d["axes"]["page_size"].pop("value"), "axes.page_size"),
+    (lambda d: d.update(reference="references/mla_paged/missing.py"), "reference"),
+])
+def test_validate_a_broken_definition(root, edit, field):
+    path = break_definition(root, edit)
+    result = invoke(root, "validate")
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("invalid definition")]
+    assert len(errors) == 1
+    assert f"{path}: {field}: " in errors[0]
+    assert "valid, " in result.output and " invalid" in result.output
+
+
+def test_validate_a_yaml_syntax_error(root):
+    path = root / "definitions" / "mla_paged" / f"{DECODE}.yaml"
+    path.write_text(path.read_text().replace("axes:\n", "axes:\n\t", 1))
+    result = invoke(root, "validate", str(path))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"{path}: line 11: invalid YAML" in result.output
+
+
+def test_validate_a_broken_reference(root):
+    (root / "references" / "mla_paged" / f"{PREFILL}.py").write_text("raise ImportError('triton missing')\n")
+    result = invoke(root, "validate", str(root / "definitions" / "mla_paged" / f"{PREFILL}.yaml"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "reference: " in result.output and "triton missing" in result.output
+
+
+def test_validate_a_missing_path(root):
+    result = invoke(root, "validate", str(root / "nowhere"))
+    assert result.exit_code == 2 and "no such file or folder" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_commands_without_a_repository(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLASHBENCH_ROOT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["list"])
+    assert result.exit_code == 2 and "no definitions/ folder" in result.output
+    assert "Traceback" not in result.output

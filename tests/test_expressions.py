@@ -1,0 +1,225 @@
+"""The safe evaluator for constraints and cost models: what it computes and what it refuses."""
+
+import time
+
+import pytest
+import torch
+
+from flashbench.expressions import COST_FUNCTIONS, parse
+
+COST = frozenset(COST_FUNCTIONS)
+
+
+def evaluate(source, env=None, functions=frozenset()):
+    env = env or {}
+    return parse(source, set(env), functions).evaluate(env)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("1 + 2 * 3", 7),
+    ("(1 + 2) * 3", 9),
+    ("7 // 2", 3),
+    ("7 % 4", 3),
+    ("7 / 2", 3.5),
+    ("2 ** 10", 1024),
+    ("2 ** -2", 0.25),
+    ("-3 + +1", -2),
+    ("a * b - c", 3 * 4 - 5),
+    ("(a + b) // c", 1),
+])
+def test_arithmetic(source, expected):
+    assert evaluate(source, {"a": 3, "b": 4, "c": 5}) == expected
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("a == 3", True), ("a != 3", False), ("a < b", True), ("a <= 3", True),
+    ("a > b", False), ("b >= 5", False), ("a == b", False),
+])
+def test_comparisons(source, expected):
+    assert evaluate(source, {"a": 3, "b": 4}) is expected
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("0 <= a < b", True),
+    ("0 <= a < b < 4", False),
+    ("1 < 2 < 1", False),
+    ("a < b > 1", True),
+    ("3 == a == 3 != b", True),
+])
+def test_chained_comparisons(source, expected):
+    assert evaluate(source, {"a": 3, "b": 4}) is expected
+
+
+def test_chained_comparison_over_tensor_elements():
+    x = torch.tensor([0, 2, 5], dtype=torch.int32)
+    assert evaluate("x[0] <= x[1] <= x[2]", {"x": x}) is True
+    assert evaluate("x[0] <= x[2] <= x[1]", {"x": x}) is False
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("a > 0 and b > 0", True),
+    ("a > 0 and b < 0", False),
+    ("a < 0 or b > 0", True),
+    ("a < 0 or b < 0", False),
+    ("not a", False),
+    ("not (a < 0)", True),
+    ("not a == 3 or b == 4", True),
+])
+def test_boolean_operators(source, expected):
+    assert evaluate(source, {"a": 3, "b": 4}) is expected
+
+
+def test_and_or_short_circuit():
+    # x[10] would raise IndexError if it were evaluated
+    x = torch.arange(3)
+    assert evaluate("a == 3 or x[10] > 0", {"a": 3, "x": x}) is True
+    assert evaluate("a == 4 and x[10] > 0", {"a": 3, "x": x}) is False
+    with pytest.raises(IndexError):
+        evaluate("a == 3 and x[10] > 0", {"a": 3, "x": x})
+
+
+def test_indexing_and_slicing_tensors():
+    x = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+    m = torch.arange(6).reshape(2, 3)
+    env = {"x": x, "m": m, "n": 4}
+    assert evaluate("x[-1] == 10", env) is True
+    assert evaluate("x[0] == 0 and x[1] == 3", env) is True
+    assert torch.equal(evaluate("x[1:] - x[:-1]", env), torch.tensor([3, 0, 7], dtype=torch.int32))
+    assert torch.equal(evaluate("x[::2]", env), torch.tensor([0, 3], dtype=torch.int32))
+    assert evaluate("m[1, 2]", env) == 5
+    assert torch.equal(evaluate("m[:, 0]", env), torch.tensor([0, 3]))
+    assert evaluate("x[n - 1] == 10", env) is True
+
+
+def test_shape_attribute():
+    m = torch.zeros(2, 3)
+    env = {"m": m, "rows": 2}
+    assert evaluate("m.shape[0] == rows", env) is True
+    assert evaluate("m.shape[1]", env) == 3
+    assert evaluate("m.shape == (2, 3)", env) is True
+    assert evaluate("m.shape[-1] * m.shape[0]", env) == 6
+
+
+def test_shape_of_a_number_is_an_error():
+    with pytest.raises(ValueError, match="has no shape"):
+        evaluate("a.shape[0]", {"a": 3})
+
+
+def test_item_returns_a_python_number():
+    x = torch.tensor([0, 5, 9], dtype=torch.int32)
+    value = evaluate("x[-1].item()", {"x": x})
+    assert value == 9 and type(value) is int
+    assert evaluate("n == x[-1].item()", {"x": x, "n": 9}) is True
+    assert evaluate("n == x[-1].item()", {"x": x, "n": 8}) is False
+
+
+def test_multi_element_comparison_is_an_error_not_a_silent_truth():
+    x = torch.tensor([1, 2])
+    with pytest.raises(ValueError, match="expected one"):
+        evaluate("x == x", {"x": x})
+    with pytest.raises(ValueError, match="expected one"):
+        evaluate("not x", {"x": x})
+
+
+def test_cost_functions_when_allowed():
+    x = torch.tensor([0, 2, 7, 11])
+    env = {"x": x, "a": 3, "b": 8}
+    assert evaluate("sum(x)", env, COST) == 20
+    assert evaluate("sum(x[1:] - x[:-1])", env, COST) == 11
+    assert evaluate("max(a, b)", env, COST) == 8
+    assert evaluate("min(a, b, 1)", env, COST) == 1
+    assert evaluate("max(x)", env, COST) == 11 and type(evaluate("max(x)", env, COST)) is int
+    assert evaluate("min(x[1:])", env, COST) == 2
+    expression = parse("sum(x) + max(a, b)", {"x", "a", "b"}, COST)
+    assert expression.names == {"x", "a", "b"}  # function names are not free names
+
+
+@pytest.mark.parametrize("source", ["sum(x)", "max(a, b)", "min(x)"])
+def test_cost_functions_rejected_when_not_allowed(source):
+    with pytest.raises(ValueError, match="allowed calls: .item\\(\\), none"):
+        parse(source, {"x", "a", "b"})
+
+
+def test_names_are_collected():
+    assert parse("a + x[0] > b", {"a", "b", "x", "unused"}).names == {"a", "b", "x"}
+
+
+@pytest.mark.parametrize("source, complaint", [
+    ("__import__('os').system('x')", "calls"),
+    ("().__class__.__bases__", "attribute"),
+    ("x.__class__", "attribute '__class__'"),
+    ("x.sum()", "calls x.sum"),
+    ("x.sum", "attribute 'sum'"),
+    ("x.dtype", "attribute 'dtype'"),
+    ("x.item(1)", "calls"),
+    ("x.item()()", "calls"),
+    ("lambda: 1", "Lambda"),
+    ("(lambda: 1)()", "calls lambda"),
+    ("[i for i in x]", "ListComp"),
+    ("{i for i in x}", "SetComp"),
+    ("sum(i for i in x)", "GeneratorExp"),
+    ("'abc'", "literal 'abc'"),
+    ("b'abc'", "literal"),
+    ("None", "literal None"),
+    ("1j", "literal"),
+    ("max(x, key=a)", "keyword"),
+    ("f'{a}'", "JoinedStr"),
+    ("(y := 1)", "NamedExpr"),
+    ("a if a else 1", "IfExp"),
+    ("[1, 2]", "List"),
+    ("{1: 2}", "Dict"),
+    ("x[...]", "literal Ellipsis"),
+    ("sum(*x)", "Starred"),
+    ("open('f')", "calls open"),
+    ("getattr(x, 'shape')", "calls getattr"),
+    ("import os", "does not parse"),
+    ("a; b", "does not parse"),
+    ("a ==", "does not parse"),
+])
+def test_rejects_constructs_before_running_anything(source, complaint):
+    with pytest.raises(ValueError) as info:
+        parse(source, {"a", "x"}, COST)
+    assert complaint in str(info.value)
+
+
+def test_rejected_code_never_runs(monkeypatch):
+    import os
+    calls = []
+    monkeypatch.setattr(os, "system", lambda *args: calls.append(args))
+    with pytest.raises(ValueError):
+        evaluate("__import__('os').system('x')")
+    assert calls == []
+
+
+@pytest.mark.parametrize("source", [
+    "10**10**10",
+    "2 ** 100000",
+    "((10**64)**64)**64",
+    "(((((10**64)**64)**64)**64)**64)",
+    "(1,) * 10**9",
+    "m.shape * 10**9",
+])
+def test_huge_results_are_refused_quickly(source):
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="too large|tuple"):
+        evaluate(source, {"m": torch.zeros(2, 3)})
+    assert time.monotonic() - start < 1.0
+
+
+def test_moderate_powers_still_work():
+    assert evaluate("2 ** 64") == 18446744073709551616
+    assert evaluate("(2 ** 8) ** 8") == 2 ** 64
+    assert evaluate("2.0 ** 0.5") == pytest.approx(2 ** 0.5)
+
+
+def test_unknown_names_are_rejected_at_parse_time():
+    with pytest.raises(ValueError, match="unknown name\\(s\\) zz"):
+        parse("a + zz", {"a"})
+    with pytest.raises(ValueError, match="os"):
+        parse("os", {"a"})
+
+
+def test_missing_value_at_evaluation_time():
+    expression = parse("a + b", {"a", "b"})
+    with pytest.raises(ValueError, match="no value for 'b'"):
+        expression.evaluate({"a": 1})

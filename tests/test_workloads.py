@@ -1,0 +1,389 @@
+"""Turning workloads into inputs: the paged_kv generator, length distributions, seeds, safetensors."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from pydantic import ValidationError
+from safetensors.torch import save_file
+
+from flashbench import BindingError, Repo, Workload, bind_axes, generate_inputs, validate
+from flashbench.model import Lengths, PagedKV
+from flashbench.workloads import GENERATORS, sample_lengths
+
+REPO = Path(__file__).resolve().parents[1]
+DECODE = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+PREFILL = "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"
+SCALE = {"sm_scale": {"type": "scalar", "value": 0.0722}}
+
+
+@pytest.fixture(scope="module")
+def repo():
+    return Repo(REPO)
+
+
+@pytest.fixture(scope="module")
+def decode(repo):
+    return repo.definition(DECODE)
+
+
+@pytest.fixture(scope="module")
+def prefill(repo):
+    return repo.definition(PREFILL)
+
+
+def paged_kv(**spec):
+    return PagedKV.model_validate({"generator": "paged_kv", **spec})
+
+
+def generate(spec, seed=0):
+    return GENERATORS["paged_kv"](spec, np.random.default_rng(seed))
+
+
+def workload(uuid="0f1e2d3c-aaaa-bbbb-cccc-000000000001", inputs=None, **generator):
+    return Workload.model_validate({
+        "uuid": uuid, "inputs": SCALE if inputs is None else inputs,
+        "generate": [{"generator": "paged_kv", **generator}],
+    })
+
+
+def assert_paged_structure(tensors, kv_lens, pool):
+    indptr, indices = tensors["kv_indptr"], tensors["kv_indices"]
+    assert indptr.dtype == torch.int32 and indices.dtype == torch.int32
+    assert indptr[0].item() == 0
+    assert torch.equal(indptr[1:] - indptr[:-1], torch.tensor(kv_lens, dtype=torch.int32))
+    assert indices.numel() == indptr[-1].item() == sum(kv_lens)
+    assert indices.unique().numel() == indices.numel(), "pages are handed out once"
+    assert indices.numel() == 0 or (indices.min() >= 0 and indices.max() < pool)
+
+
+def test_decode_generator_structure():
+    tensors, axes = generate(paged_kv(kv_lens={"distribution": "list", "values": [0, 1, 37, 5]}, page_pool=100))
+    assert set(tensors) == {"kv_indptr", "kv_indices"}
+    assert axes == {"batch_size": 4, "num_pages": 100}
+    assert_paged_structure(tensors, [0, 1, 37, 5], 100)
+    assert not torch.equal(tensors["kv_indices"].sort().values, tensors["kv_indices"]), "pages are not in order"
+
+
+def test_prefill_generator_structure():
+    spec = paged_kv(q_lens={"distribution": "list", "values": [1, 7, 12, 3]},
+                    prefix_lens={"distribution": "list", "values": [0, 5, 20, 0]}, page_pool=64)
+    tensors, axes = generate(spec)
+    assert set(tensors) == {"qo_indptr", "kv_indptr", "kv_indices"}
+    assert axes == {"total_q": 23, "num_pages": 64}
+    assert torch.equal(tensors["qo_indptr"], torch.tensor([0, 1, 8, 20, 23], dtype=torch.int32))
+    assert_paged_structure(tensors, [1, 12, 32, 3], 64)
+
+
+def test_prefill_without_prefix_has_kv_equal_to_queries():
+    tensors, _ = generate(paged_kv(q_lens={"distribution": "fixed", "count": 3, "value": 4}))
+    assert torch.equal(tensors["qo_indptr"], tensors["kv_indptr"])
+
+
+def test_default_pool_is_just_enough():
+    tensors, axes = generate(paged_kv(kv_lens={"distribution": "list", "values": [3, 4]}))
+    assert axes["num_pages"] == 7
+    assert sorted(tensors["kv_indices"].tolist()) == list(range(7))
+
+
+def test_all_empty_requests_still_have_a_page():
+    tensors, axes = generate(paged_kv(kv_lens={"distribution": "fixed", "count": 3, "value": 0}))
+    assert axes == {"batch_size": 3, "num_pages": 1}
+    assert tensors["kv_indices"].numel() == 0 and tensors["kv_indptr"].tolist() == [0, 0, 0, 0]
+
+
+def test_page_pool_smaller_than_total_is_a_clear_error():
+    with pytest.raises(ValueError, match="page_pool 10 is smaller than the 12 KV tokens"):
+        generate(paged_kv(kv_lens={"distribution": "list", "values": [5, 7]}, page_pool=10))
+
+
+def test_page_pool_error_through_generate_inputs(decode):
+    w = workload(kv_lens={"distribution": "list", "values": [5, 7]}, page_pool=10)
+    with pytest.raises(BindingError, match=r"generate\[0\] \(paged_kv\): page_pool 10 is smaller"):
+        generate_inputs(decode, w, seed=0)
+
+
+def test_prefix_count_must_match_queries():
+    spec = paged_kv(q_lens={"distribution": "list", "values": [1, 2]},
+                    prefix_lens={"distribution": "list", "values": [3]})
+    with pytest.raises(ValueError, match="prefix_lens gives 1 requests but q_lens gives 2"):
+        generate(spec)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({}, "exactly one of kv_lens"),
+    ({"kv_lens": {"distribution": "list", "values": [1]}, "q_lens": {"distribution": "list", "values": [1]}},
+     "exactly one of kv_lens"),
+    ({"kv_lens": {"distribution": "list", "values": [1]}, "prefix_lens": {"distribution": "list", "values": [1]}},
+     "prefix_lens needs q_lens"),
+    ({"kv_lens": {"distribution": "list", "values": [1]}, "page_pool": 0}, "greater than 0"),
+])
+def test_paged_kv_spec_validation(spec, message):
+    with pytest.raises(ValidationError, match=message):
+        paged_kv(**spec)
+
+
+def lengths(**spec):
+    return Lengths.model_validate(spec)
+
+
+def test_list_and_fixed_lengths():
+    rng = np.random.default_rng(0)
+    values = sample_lengths(lengths(distribution="list", values=[3, 0, 9]), rng)
+    assert values.dtype == np.int64 and values.tolist() == [3, 0, 9]
+    assert sample_lengths(lengths(distribution="fixed", count=4, value=7), rng).tolist() == [7, 7, 7, 7]
+
+
+def test_uniform_lengths_cover_both_bounds():
+    values = sample_lengths(lengths(distribution="uniform", count=2000, low=3, high=6), np.random.default_rng(1))
+    assert values.dtype == np.int64 and len(values) == 2000
+    assert set(values.tolist()) == {3, 4, 5, 6}
+
+
+@pytest.mark.parametrize("spec", [
+    {"distribution": "normal", "count": 500, "mean": 100, "std": 80, "low": 50, "high": 150},
+    {"distribution": "normal", "count": 50, "mean": -1000, "std": 1, "low": 1, "high": 10},
+    {"distribution": "normal", "count": 50, "mean": 1e6, "std": 1, "low": 1, "high": 10},
+    {"distribution": "skewed", "count": 500, "median": 600, "sigma": 1.5, "low": 500, "high": 5000},
+    {"distribution": "uniform", "count": 500, "low": 0, "high": 0},
+])
+def test_lengths_are_clipped_to_low_high(spec):
+    values = sample_lengths(lengths(**spec), np.random.default_rng(2))
+    assert values.dtype == np.int64 and len(values) == spec["count"]
+    assert values.min() >= spec["low"] and values.max() <= spec["high"]
+
+
+def test_clipping_hits_the_bounds():
+    below = sample_lengths(lengths(distribution="normal", count=20, mean=-50, std=1, low=2, high=9), np.random.default_rng(0))
+    above = sample_lengths(lengths(distribution="skewed", count=20, median=1e5, sigma=0.1, low=2, high=9), np.random.default_rng(0))
+    assert below.tolist() == [2] * 20 and above.tolist() == [9] * 20
+
+
+def test_skewed_lengths_have_a_long_tail():
+    values = sample_lengths(lengths(distribution="skewed", count=4000, median=100, sigma=1.0, low=1, high=100000),
+                            np.random.default_rng(3))
+    assert 80 <= np.median(values) <= 120
+    assert values.mean() > 1.3 * np.median(values)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"distribution": "list"}, "needs 'values'"),
+    ({"distribution": "uniform", "low": 1, "high": 4}, "needs 'count' > 0"),
+    ({"distribution": "uniform", "count": 3, "low": 5, "high": 4}, "low <= high"),
+    ({"distribution": "normal", "count": 3, "mean": 5, "std": 1}, "needs 'high'"),
+    ({"distribution": "skewed", "count": 3, "median": 5}, "needs 'high'"),
+    ({"distribution": "poisson", "count": 3}, "'poisson'"),
+    ({"distribution": "fixed", "count": 3, "value": -1}, "greater than or equal to 0"),
+])
+def test_lengths_validation(spec, message):
+    with pytest.raises(ValidationError, match=message):
+        lengths(**spec)
+
+
+DECODE_VARIABLE = {"kv_lens": {"distribution": "uniform", "count": 6, "low": 0, "high": 40}, "page_pool": 300}
+
+
+def test_generated_decode_inputs_satisfy_the_definition(decode):
+    inputs = generate_inputs(decode, workload(**DECODE_VARIABLE), seed=0)
+    axes = bind_axes(decode, inputs)
+    assert axes["batch_size"] == 6 and axes["num_pages"] == 300
+    assert axes["len_indptr"] == axes["batch_size"] + 1
+    assert axes["num_kv_indices"] == inputs["kv_indptr"][-1].item()
+    assert inputs["sm_scale"] == pytest.approx(0.0722) and isinstance(inputs["sm_scale"], float)
+    assert inputs["q_nope"].dtype == torch.bfloat16 and inputs["q_nope"].std().item() > 0.5
+    assert_paged_structure(inputs, (inputs["kv_indptr"][1:] - inputs["kv_indptr"][:-1]).tolist(), 300)
+
+
+def test_generated_prefill_inputs_satisfy_the_definition(prefill):
+    w = workload(q_lens={"distribution": "uniform", "count": 5, "low": 1, "high": 9},
+                 prefix_lens={"distribution": "uniform", "count": 5, "low": 0, "high": 20})
+    inputs = generate_inputs(prefill, w, seed=4)
+    axes = bind_axes(prefill, inputs)
+    q_lens = inputs["qo_indptr"][1:] - inputs["qo_indptr"][:-1]
+    kv_lens = inputs["kv_indptr"][1:] - inputs["kv_indptr"][:-1]
+    assert axes["total_q"] == q_lens.sum().item() == inputs["q_nope"].shape[0]
+    assert torch.all(kv_lens >= q_lens)
+    assert axes["num_pages"] == kv_lens.sum().item()
+
+
+def test_same_seed_gives_identical_inputs(decode):
+    first = generate_inputs(decode, workload(**DECODE_VARIABLE), seed=11)
+    second = generate_inputs(decode, workload(**DECODE_VARIABLE), seed=11)
+    assert first.keys() == second.keys()
+    for name, value in first.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, second[name]), name
+        else:
+            assert value == second[name]
+
+
+def test_different_seeds_change_data_but_not_index_structure(decode):
+    first = generate_inputs(decode, workload(**DECODE_VARIABLE), seed=1)
+    second = generate_inputs(decode, workload(**DECODE_VARIABLE), seed=2)
+    for name in ("kv_indptr", "kv_indices"):
+        assert torch.equal(first[name], second[name]), name
+    for name in ("q_nope", "q_pe", "ckv_cache", "kpe_cache"):
+        assert first[name].shape == second[name].shape
+        assert not torch.equal(first[name], second[name]), name
+    assert not torch.equal(first["q_nope"], first["q_pe"][..., :1].expand_as(first["q_nope"]))
+
+
+def test_inputs_of_one_workload_are_independent(decode):
+    inputs = generate_inputs(decode, workload(**DECODE_VARIABLE), seed=1)
+    assert not torch.equal(inputs["q_nope"][..., :64], inputs["q_pe"])
+
+
+def test_different_workloads_get_different_structure(decode):
+    first = generate_inputs(decode, workload(uuid="aaaaaaaa-0001", **DECODE_VARIABLE), seed=1)
+    second = generate_inputs(decode, workload(uuid="aaaaaaaa-0002", **DECODE_VARIABLE), seed=1)
+    assert not torch.equal(first["kv_indices"], second["kv_indices"]) or \
+        not torch.equal(first["kv_indptr"], second["kv_indptr"])
+
+
+def test_meta_device_keeps_indices_real(decode):
+    inputs = generate_inputs(decode, workload(**DECODE_VARIABLE), seed=0, device="meta")
+    assert inputs["q_nope"].device.type == "meta"
+    assert inputs["kv_indptr"].device.type == "cpu" and inputs["kv_indices"].device.type == "cpu"
+
+
+def test_workload_axes_must_agree_with_generated_inputs(decode):
+    w = Workload.model_validate({
+        "uuid": "bbbbbbbb-0001", "axes": {"batch_size": 5}, "inputs": SCALE,
+        "generate": [{"generator": "paged_kv", "kv_lens": {"distribution": "list", "values": [1, 2]}}],
+    })
+    with pytest.raises(BindingError, match="axes.batch_size is 5 in the workload but the inputs give 2"):
+        generate_inputs(decode, w, seed=0)
+
+
+def test_scalar_input_needs_a_value(decode):
+    w = workload(inputs={}, kv_lens={"distribution": "list", "values": [1]})
+    with pytest.raises(BindingError, match="input sm_scale is a scalar"):
+        generate_inputs(decode, w, seed=0)
+
+
+def test_random_input_needs_its_axes(decode):
+    w = Workload.model_validate({"uuid": "cccccccc-0001", "inputs": SCALE})
+    with pytest.raises(BindingError, match="input q_nope needs axis batch_size"):
+        generate_inputs(decode, w, seed=0)
+
+
+def test_uniform_random_inputs(decode):
+    w = workload(inputs={**SCALE, "q_pe": {"type": "random", "distribution": "uniform", "low": 2, "high": 3}},
+                 kv_lens={"distribution": "list", "values": [4, 4]})
+    q_pe = generate_inputs(decode, w, seed=0)["q_pe"].float()
+    assert q_pe.min() >= 2 and q_pe.max() <= 3
+
+
+def test_repo_workload_files_validate(repo):
+    results = validate(repo, [REPO / "definitions"])
+    assert sorted(c.kind for c in results) == ["definition", "definition", "workloads", "workloads"]
+    assert [c.error for c in results if not c.ok] == []
+
+
+def test_repo_smoke_workloads_generate_on_cpu(repo):
+    for name in (DECODE, PREFILL):
+        definition = repo.definition(name)
+        for w in repo.workload_set(name).workloads:
+            if "smoke" in w.tags:
+                bind_axes(definition, generate_inputs(definition, w, seed=0))
+
+
+@pytest.fixture
+def root(tmp_path):
+    shutil.copytree(REPO / "definitions", tmp_path / "definitions")
+    shutil.copytree(REPO / "references", tmp_path / "references")
+    return tmp_path
+
+
+def edit_workloads(root, name, edit):
+    path = root / "definitions" / "mla_paged" / f"{name}.workloads.yaml"
+    data = yaml.safe_load(path.read_text())
+    edit(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["workloads"][1]["generate"][0].update(page_pool=3), "page_pool 3 is smaller"),
+    (lambda d: d["workloads"][1].update(axes={"num_qo_heads": 16}), "axes.num_qo_heads: not a var axis"),
+    (lambda d: d["workloads"][1]["inputs"].update(scale={"type": "scalar", "value": 1}), "inputs.scale: not an input"),
+    (lambda d: d["workloads"][1].update(uuid=d["workloads"][0]["uuid"]), "appears twice"),
+    (lambda d: d["workloads"][1]["inputs"].update(kv_indptr={"type": "safetensors", "path": "nope.safetensors",
+                                                           "tensor_key": "x"}), "inputs.kv_indptr: a generator"),
+    (lambda d: d["workloads"][1].update(axes={"batch_size": 4, "num_pages": 9}, generate=[], inputs={
+        **d["workloads"][1]["inputs"],
+        "kv_indptr": {"type": "safetensors", "path": "nope.safetensors", "tensor_key": "x"}}), "does not exist"),
+])
+def test_validate_reports_bad_workloads(root, edit, message):
+    path = edit_workloads(root, DECODE, edit)
+    results = {c.path: c for c in validate(Repo(root))}
+    assert not results[path].ok
+    assert str(path) in results[path].error and message in results[path].error
+    assert sum(not c.ok for c in results.values()) == 1
+
+
+# Captured tensors, the way FlashInfer-Bench datasets store index tensors.
+
+def captured_workload(blob_path: str, **keys):
+    inputs = {**SCALE}
+    for name, key in keys.items():
+        inputs[name] = {"type": "safetensors", "path": blob_path, "tensor_key": key}
+    return Workload.model_validate({"uuid": "dddddddd-0001", "axes": {"batch_size": 3, "num_pages": 16},
+                                    "inputs": inputs})
+
+
+def test_safetensors_inputs_load(decode, tmp_path):
+    indptr = torch.tensor([0, 2, 2, 7], dtype=torch.int32)
+    indices = torch.tensor([9, 3, 15, 0, 4, 11, 8], dtype=torch.int32)
+    q_pe = torch.randn(3, 16, 64).bfloat16()
+    (tmp_path / "blob").mkdir()
+    save_file({"indptr": indptr, "indices": indices, "q_pe": q_pe}, str(tmp_path / "blob" / "b.safetensors"))
+    w = captured_workload("blob/b.safetensors", kv_indptr="indptr", kv_indices="indices", q_pe="q_pe")
+    inputs = generate_inputs(decode, w, seed=0, base_dir=tmp_path)
+    assert torch.equal(inputs["kv_indptr"], indptr) and torch.equal(inputs["kv_indices"], indices)
+    assert torch.equal(inputs["q_pe"], q_pe)
+    assert inputs["ckv_cache"].shape == (16, 1, 512)
+    assert bind_axes(decode, inputs)["num_kv_indices"] == 7
+
+
+def test_safetensors_wrong_dtype_is_rejected(decode, tmp_path):
+    save_file({"indptr": torch.tensor([0, 2, 2, 7], dtype=torch.int64)}, str(tmp_path / "b.safetensors"))
+    w = captured_workload("b.safetensors", kv_indptr="indptr")
+    with pytest.raises(ValueError, match="indptr is int64, the definition says int32"):
+        generate_inputs(decode, w, seed=0, base_dir=tmp_path)
+
+
+def test_safetensors_missing_key_lists_keys(decode, tmp_path):
+    save_file({"indptr": torch.tensor([0, 2, 2, 7], dtype=torch.int32)}, str(tmp_path / "b.safetensors"))
+    w = captured_workload("b.safetensors", kv_indptr="indptr", kv_indices="indices")
+    with pytest.raises(ValueError, match=r"has no tensor 'indices' \(keys: indptr\)"):
+        generate_inputs(decode, w, seed=0, base_dir=tmp_path)
+
+
+def test_safetensors_that_break_a_constraint(decode, tmp_path):
+    save_file({"indptr": torch.tensor([0, 2, 2, 7], dtype=torch.int32),
+               "indices": torch.arange(6, dtype=torch.int32)}, str(tmp_path / "b.safetensors"))
+    w = captured_workload("b.safetensors", kv_indptr="indptr", kv_indices="indices")
+    with pytest.raises(BindingError, match=r"num_kv_indices == kv_indptr\[-1\]"):
+        generate_inputs(decode, w, seed=0, base_dir=tmp_path)
+
+
+def test_validate_resolves_safetensors_next_to_the_workload_file(root):
+    blob = root / "definitions" / "mla_paged" / "blob"
+    blob.mkdir()
+    save_file({"indptr": torch.tensor([0, 2, 2, 7], dtype=torch.int32),
+               "indices": torch.tensor([9, 3, 15, 0, 4, 11, 8], dtype=torch.int32)}, str(blob / "b.safetensors"))
+
+    def edit(data):
+        data["workloads"] = [{
+            "uuid": "eeeeeeee-0001", "axes": {"batch_size": 3, "num_pages": 16},
+            "inputs": {**SCALE,
+                       "kv_indptr": {"type": "safetensors", "path": "blob/b.safetensors", "tensor_key": "indptr"},
+                       "kv_indices": {"type": "safetensors", "path": "blob/b.safetensors", "tensor_key": "indices"}},
+        }]
+    path = edit_workloads(root, DECODE, edit)
+    results = {c.path: c for c in validate(Repo(root))}
+    assert results[path].ok, results[path].error

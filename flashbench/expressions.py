@@ -2,7 +2,8 @@
 
 Expressions are parsed with `ast` and checked against a whitelist before anything runs:
 names, numbers, arithmetic, comparisons, and/or/not, indexing and slicing, the `shape`
-attribute and `.item()`. Cost models may also call `sum`, `min` and `max`. Nothing else
+attribute and `.item()`. Cost models may also call `sum`, `min` and `max`, constraints `min`
+and `max` (over an index tensor: "every request is at least this long"). Nothing else
 is allowed, so an expression can never import, call or reach arbitrary code.
 """
 

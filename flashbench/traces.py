@@ -53,12 +53,14 @@ def read_traces(path: Path) -> list[Trace]:
     if not Path(path).is_file():
         return []
     traces = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    # Records are split on b"\n" only: JSON leaves U+2028, U+0085 and the like unescaped, which
+    # str.splitlines would cut at; a torn line may also end inside a multi-byte character.
+    for number, line in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
         if not line.strip():
             continue
         try:
-            traces.append(Trace.model_validate_json(line))
-        except ValidationError:
+            traces.append(Trace.model_validate_json(line.decode("utf-8")))
+        except (ValidationError, UnicodeDecodeError):
             print(f"warning: {path}: line {number} is not a valid trace; skipped", file=sys.stderr)
     return traces
 

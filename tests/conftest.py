@@ -10,11 +10,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+OP_TYPE = "mla_paged"  # the definitions the runner tests use; other op types are left out
+
+
 def copy_repo(target: Path) -> Path:
-    """definitions/ and references/ only: no solutions, no traces, no cache."""
+    """definitions/ and references/ of OP_TYPE only: no solutions, no traces, no cache."""
     target.mkdir(parents=True, exist_ok=True)
     for name in ("definitions", "references"):
-        shutil.copytree(ROOT / name, target / name, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(ROOT / name / OP_TYPE, target / name / OP_TYPE, ignore=shutil.ignore_patterns("__pycache__"))
     return target
 
 
@@ -26,3 +29,15 @@ def repo_copy(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def shared_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def fresh_repo(tmp_path) -> Path:
+    """A copy of its own, for commands that write into the repository (the CLI's cache, submit)."""
+    return copy_repo(tmp_path / "repo")
+
+
+@pytest.fixture(scope="module")
+def module_repo(tmp_path_factory) -> Path:
+    """Like fresh_repo, shared by the tests of one module."""
+    return copy_repo(tmp_path_factory.mktemp("repo"))

@@ -40,4 +40,4 @@ def repo_from(ctx):
     return Repo(ctx.obj)
 
 
-from . import calibrate, definitions, leaderboard, run  # noqa: E402,F401  (registers the commands)
+from . import calibrate, definitions, interop, leaderboard, run  # noqa: E402,F401  (registers the commands)

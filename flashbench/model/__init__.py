@@ -10,9 +10,9 @@ __all__ = [
     "Lengths", "PagedKV", "Workload", "WorkloadSet", "load_model", "parse_model", "read_document",
 ]
 
-from .trace import OutputError, Performance, Status, Trace  # noqa: E402
+from .trace import REFERENCE, OutputError, Performance, Status, Trace  # noqa: E402
 
-__all__ += ["OutputError", "Performance", "Status", "Trace"]
+__all__ += ["REFERENCE", "OutputError", "Performance", "Status", "Trace"]
 
 from .calibration import Calibration  # noqa: E402
 

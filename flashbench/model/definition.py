@@ -9,6 +9,8 @@ from ..dtypes import DTypeName
 from ..expressions import COST_FUNCTIONS, Expression, parse
 
 _REFERENCE_PATH = re.compile(r"^[\w./-]+\.py$")
+# Constraints may reduce an index tensor to one value ("every request has at least one key").
+CONSTRAINT_FUNCTIONS = frozenset({"min", "max"})
 
 
 class Strict(BaseModel):
@@ -86,7 +88,7 @@ class Definition(Strict):
         names = self.expression_names
         for i, source in enumerate(self.constraints):
             try:
-                parse(source, names)
+                parse(source, names, CONSTRAINT_FUNCTIONS)
             except ValueError as exc:
                 raise ValueError(f"constraints[{i}]: {exc}") from None
         if self.cost is not None:
@@ -102,7 +104,7 @@ class Definition(Strict):
 
     @property
     def constraint_expressions(self) -> list[Expression]:
-        return [parse(c, self.expression_names) for c in self.constraints]
+        return [parse(c, self.expression_names, CONSTRAINT_FUNCTIONS) for c in self.constraints]
 
     @property
     def const_axes(self) -> dict[str, int]:

@@ -19,7 +19,9 @@ class Solution(Strict):
     )
     target_hardware: list[str] = []
     dependencies: list[str] = Field([], description="importable packages the solution needs")
-    binding: Literal["torch"] | None = Field(None, description="CUDA only: how the module is bound")
+    binding: Literal["torch", "tvm-ffi"] | None = Field(
+        None, description="CUDA only: how the module is bound (tvm-ffi is recorded, not built yet)"
+    )
     compile_flags: list[str] = Field([], description="CUDA only: extra nvcc flags")
     sources: list[str] = Field([], description="CUDA only: files to compile (default: every .cu/.cpp)")
     tags: list[str] = Field([], description="e.g. 'baseline' for solutions others are compared with")

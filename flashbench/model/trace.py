@@ -10,6 +10,9 @@ Status = Literal[
 ]
 
 
+REFERENCE = "reference"  # the solution name the reference's own results are recorded under
+
+
 class OutputError(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="strings")  # an infinite error stays readable JSON
 
@@ -46,6 +49,7 @@ class Trace(BaseModel):
     workload_name: str = ""
     solution: str
     solution_hash: str
+    solution_tags: list[str] = Field([], description="the solution's tags, e.g. baseline")
     author: str
     hardware: str
     status: Status

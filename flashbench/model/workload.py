@@ -81,7 +81,101 @@ class PagedKV(Strict):
         return self
 
 
-GeneratorSpec = Annotated[Union[PagedKV], Field(discriminator="generator")]
+class BlockTable(Strict):
+    """A block-paged KV cache as FlashMLA and vLLM address it: cache_seqlens (tokens per request)
+    and block_table [batch, max_blocks_per_seq], whose row b lists the cache blocks holding request
+    b's tokens in order (token t lives in block block_table[b, t // block_size] at offset
+    t % block_size). Block ids are a random permutation of the pool; table slots past a request's
+    last block hold `unused`."""
+
+    generator: Literal["block_table"]
+    seqlens: Lengths = Field(description="tokens in the cache per request")
+    block_size: int = Field(64, gt=0, description="tokens per block (the definition's page_block_size)")
+    block_pool: int | None = Field(None, gt=0, description="blocks in the cache (default: just enough)")
+    max_blocks_per_seq: int | None = Field(None, gt=0, description="table width (default: the longest request's blocks)")
+    unused: int = Field(-1, description="value of table slots past a request's last block")
+
+
+class Varlen(Strict):
+    """Packed variable-length sequences as flash_attn_varlen_func takes them: cu_seqlens_q and
+    cu_seqlens_k (int32, batch + 1 offsets starting at 0). Each sequence's keys are its cached
+    prefix followed by its queries, so k_len = prefix_len + q_len >= q_len."""
+
+    generator: Literal["varlen"]
+    q_lens: Lengths = Field(description="query tokens per sequence")
+    prefix_lens: Lengths | None = Field(None, description="keys before the queries per sequence (default 0)")
+
+
+class KVCacheValues(Strict):
+    """Contents of a generated MLA KV cache before any quantisation: bfloat16 tokens of 576 values
+    [512 latent | 64 rope], standard normal, each 128-value latent tile multiplied by 2^u with u
+    uniform in [-spread/2, spread/2] so that tiles need different FP8 scales."""
+
+    spread: float = Field(4.0, ge=0, le=32, description="range of log2 of the per-tile magnitude")
+    zero_tokens: float = Field(0.0, ge=0, le=1, description="share of tokens that are all zeros")
+    boundary_tiles: float = Field(
+        0.0, ge=0, le=1,
+        description="share of latent tiles whose largest |value| is exactly 448 * 2^k (the scale is then exactly 2^k)",
+    )
+
+
+class SparsePrefillIndices(Strict):
+    """Top-k index sets for sparse prefill (flash_mla_sparse_fwd): requests packed along one token
+    axis, query token i of a request at position prefix + i sees its request's keys 0..prefix + i
+    and gets min(topk, prefix + i + 1) of them (distinct, random order, as an indexer's top-k
+    returns them) as indices into the packed keys; the remaining entries are invalid. indices is
+    [seq_len_q, 1, topk]; with topk_length, also topk_length [seq_len_q]."""
+
+    generator: Literal["sparse_prefill_indices"]
+    q_lens: Lengths = Field(description="query tokens per request")
+    prefix_lens: Lengths | None = Field(None, description="keys before each request's queries (default 0)")
+    topk: int = Field(gt=0, description="entries per query token: the definition's topk")
+    invalid: Literal["minus_one", "mixed"] = Field(
+        "minus_one", description="invalid entries: -1, or a mix of -1, ids >= seq_len_kv and 2^31 - 1"
+    )
+    scatter: bool = Field(False, description="interleave invalid entries with valid ones instead of trailing them")
+    empty_queries: int = Field(0, ge=0, description="query tokens, picked at random, with no valid entry at all")
+    topk_length: bool = Field(
+        False, description="emit topk_length (entries that count per query); entries past it hold in-range ids to ignore"
+    )
+
+
+class SparseDecodeIndices(Strict):
+    """Top-k index sets for sparse decode over a paged cache (flash_mla_with_kvcache with indices):
+    request b holds kv_lens[b] tokens in 64-token blocks drawn from a random permutation of the
+    pool; its query token s (of seq_len_q, MTP) sits at position kv_len - seq_len_q + s, sees
+    positions 0..that, and gets min(topk, visible) of them as cache ids block * 64 + offset; the
+    other entries are -1. indices is [batch_size, seq_len_q, topk]. With fp8_cache, also k_cache,
+    the pool quantised by the FP8 quantize reference [num_blocks, 64, 1, 656] (int8 bytes); tokens
+    outside every request hold NaN bytes, which no valid index reaches."""
+
+    generator: Literal["sparse_decode_indices"]
+    kv_lens: Lengths = Field(description="cached tokens per request, its seq_len_q newest included")
+    seq_len_q: int = Field(1, gt=0, description="query tokens per request (1, or 2 with an MTP draft token)")
+    topk: int = Field(gt=0, description="entries per query token: the definition's topk")
+    block_size: int = Field(64, gt=0, description="tokens per cache block")
+    block_pool: int | None = Field(None, gt=0, description="blocks in the cache (default: just enough)")
+    scatter: bool = Field(False, description="interleave the -1 entries with valid ones instead of trailing them")
+    empty_queries: int = Field(0, ge=0, description="query tokens, picked at random, with no valid entry at all")
+    fp8_cache: KVCacheValues | None = Field(None, description="also make k_cache, the FP8 pool, with these contents")
+
+
+class FP8KVCache(Strict):
+    """A whole MLA KV cache [num_blocks, block_size, 1, 576]: bfloat16 as kv_cache, or (packed)
+    quantised by the FP8 quantize reference as kv_cache_fp8 [num_blocks, block_size, 1, 656]
+    (int8 bytes)."""
+
+    generator: Literal["fp8_kv_cache"]
+    num_blocks: int = Field(gt=0)
+    block_size: int = Field(64, gt=0)
+    packed: bool = Field(False, description="emit the FP8 bytes (kv_cache_fp8) instead of the bfloat16 cache (kv_cache)")
+    values: KVCacheValues = KVCacheValues()
+
+
+GeneratorSpec = Annotated[
+    Union[PagedKV, BlockTable, Varlen, SparsePrefillIndices, SparseDecodeIndices, FP8KVCache],
+    Field(discriminator="generator"),
+]
 
 
 class Workload(Strict):

@@ -53,11 +53,12 @@ def output_error(got: torch.Tensor, expected: torch.Tensor, tolerance) -> tuple[
     got64, expected64 = got.double(), expected.double()
     same_infinity = torch.isinf(got64) & torch.isinf(expected64) & (torch.sign(got64) == torch.sign(expected64))
     difference = torch.where(same_infinity, 0.0, (got64 - expected64).abs())
-    difference = torch.nan_to_num(difference, nan=float("inf"))  # NaN anywhere is infinitely wrong
+    nan = torch.isnan(difference)
+    difference = torch.where(nan, float("inf"), difference)  # NaN anywhere is infinitely wrong; inf stays inf
     magnitude = torch.where(torch.isfinite(expected64), expected64.abs(), 0.0)
     allowed = tolerance.atol + tolerance.rtol * magnitude
     outside = ~(difference <= allowed)
-    relative = difference / expected64.abs().clamp_min(1e-6)
+    relative = torch.nan_to_num(difference / expected64.abs().clamp_min(1e-6), nan=float("inf"), posinf=float("inf"))
     count = max(got.numel(), 1)
     mismatch = outside.sum().item() / count
     error = OutputError(
@@ -65,4 +66,5 @@ def output_error(got: torch.Tensor, expected: torch.Tensor, tolerance) -> tuple[
         max_rel_error=torch.where(same_infinity, 0.0, relative).max().item() if got.numel() else 0.0,
         mismatch_fraction=mismatch,
     )
-    return error, mismatch > tolerance.max_mismatch_fraction
+    # max_mismatch_fraction allows elements slightly outside the tolerance, never a NaN (e.g. an unwritten, poisoned element)
+    return error, mismatch > tolerance.max_mismatch_fraction or bool(nan.any())

@@ -294,7 +294,8 @@ class Runner:
                errors=None, performance=None, log: str = "") -> Trace:
         return Trace(
             definition=self.definition.name, workload=workload.uuid, workload_name=workload.name,
-            solution=candidate.solution.name, solution_hash=candidate.hash, author=candidate.solution.author,
+            solution=candidate.solution.name, solution_hash=candidate.hash, solution_tags=candidate.solution.tags,
+            author=candidate.solution.author,
             hardware=self.environment["hardware"], status=status, message=message, log=log[-2000:] if status != "PASSED" else "",
             correctness=errors or {}, performance=performance, environment=self.environment,
             timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -22,6 +22,7 @@ from ..workloads import generate_inputs
 
 
 def worker_main(conn, log_path: str, config: dict) -> None:
+    _die_with_parent()
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -36,6 +37,25 @@ def worker_main(conn, log_path: str, config: dict) -> None:
         if request["op"] == "stop":
             return
         conn.send(worker.handle(request))
+
+
+def _die_with_parent() -> None:
+    """A runner killed outright (SIGKILL) cannot end its worker; on Linux the kernel does it, so
+    a solution stuck in a loop does not keep running on its own."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import multiprocessing
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # the runner died before the line above
+        os._exit(1)
 
 
 class Worker:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ..model import Lengths, PagedKV
+from ..model.workload import BlockTable, Varlen
 
 GeneratedInputs = tuple[dict[str, torch.Tensor], dict[str, int]]
 GENERATORS: dict[str, Callable[..., GeneratedInputs]] = {}
@@ -67,3 +68,232 @@ def paged_kv(spec: PagedKV, rng: np.random.Generator) -> GeneratedInputs:
     tensors["kv_indices"] = torch.from_numpy(rng.permutation(pool)[:total].astype(np.int32))
     axes["num_pages"] = pool
     return tensors, axes
+
+
+@register("block_table")
+def block_table(spec: BlockTable, rng: np.random.Generator) -> GeneratedInputs:
+    seqlens = sample_lengths(spec.seqlens, rng)
+    blocks = -(-seqlens // spec.block_size)  # blocks per request, rounded up
+    needed = int(blocks.sum())
+    pool = spec.block_pool or max(needed, 1)
+    if pool < needed:
+        raise ValueError(f"block_pool {pool} is smaller than the {needed} blocks the requests need")
+    longest = int(blocks.max()) if len(blocks) else 0
+    width = spec.max_blocks_per_seq or max(longest, 1)
+    if width < longest:
+        raise ValueError(f"max_blocks_per_seq {width} is smaller than the longest request's {longest} blocks")
+    if 0 <= spec.unused < pool:
+        raise ValueError(f"unused {spec.unused} is a real block id (the pool has {pool}); use -1 or >= block_pool")
+    # Real caches hand out blocks in no particular order: a random permutation of the pool.
+    ids = rng.permutation(pool)[:needed].astype(np.int32)
+    table = np.full((len(seqlens), width), spec.unused, dtype=np.int32)
+    start = 0
+    for b, count in enumerate(blocks.tolist()):
+        table[b, :count] = ids[start:start + count]
+        start += count
+    tensors = {
+        "block_table": torch.from_numpy(table),
+        "cache_seqlens": torch.from_numpy(seqlens.astype(np.int32)),
+    }
+    axes = {"batch_size": len(seqlens), "num_blocks": pool, "max_blocks_per_seq": width}
+    return tensors, axes
+
+
+@register("varlen")
+def varlen(spec: Varlen, rng: np.random.Generator) -> GeneratedInputs:
+    q_lens = sample_lengths(spec.q_lens, rng)
+    prefix = sample_lengths(spec.prefix_lens, rng) if spec.prefix_lens else np.zeros_like(q_lens)
+    if len(prefix) != len(q_lens):
+        raise ValueError(f"prefix_lens gives {len(prefix)} sequences but q_lens gives {len(q_lens)}")
+    k_lens = prefix + q_lens
+    tensors = {"cu_seqlens_q": _indptr(q_lens), "cu_seqlens_k": _indptr(k_lens)}
+    axes = {"total_q": int(q_lens.sum()), "total_k": int(k_lens.sum())}
+    return tensors, axes
+
+
+# Sparse attention (FlashMLA's DSA kernels): top-k index sets and FP8 KV caches.
+
+import functools  # noqa: E402
+import importlib.util  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from ..model.workload import FP8KVCache, KVCacheValues, SparseDecodeIndices, SparsePrefillIndices  # noqa: E402
+
+FP8_QUANTIZE_REFERENCE = Path("references/flashmla_sparse/flashmla_sparse_fp8_quantize_ckv512_kpe64_ps64.py")
+MLA_HEAD_DIM, MLA_LATENT, MLA_TILE = 576, 512, 128
+INT32_MAX = 2**31 - 1
+CODEBOOK_TOKENS = 2048  # distinct token contents in a generated cache
+
+
+@functools.cache
+def fp8_quantize() -> Callable[[torch.Tensor], torch.Tensor]:
+    """The FP8 quantize reference's run: the one statement of the cache format, loaded by path
+    from this checkout (or the repository flashbench runs in)."""
+    candidates = [Path(__file__).resolve().parents[2] / FP8_QUANTIZE_REFERENCE]
+    try:
+        from ..registry import find_root
+
+        candidates.append(find_root() / FP8_QUANTIZE_REFERENCE)
+    except Exception:
+        pass
+    for path in candidates:
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location("flashbench_fp8_quantize_reference", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module.run
+    raise ValueError(f"the FP8 quantize reference {FP8_QUANTIZE_REFERENCE} is not in this repository")
+
+
+def mla_cache_tokens(spec: KVCacheValues, num_tokens: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA cache tokens as `spec` describes them, as (distinct [m, 576] bfloat16 tokens, which of
+    them each of the num_tokens cache slots holds). Large caches draw their slots from at most
+    CODEBOOK_TOKENS distinct tokens, so that making them stays cheap; quantisation works token by
+    token, so quantising the distinct tokens and then gathering equals quantising the cache."""
+    distinct = max(min(num_tokens, CODEBOOK_TOKENS), 1)
+    values = rng.standard_normal((distinct, MLA_HEAD_DIM), dtype=np.float32)
+    tiles = values[:, :MLA_LATENT].reshape(distinct, MLA_LATENT // MLA_TILE, MLA_TILE)  # a view
+    half = spec.spread / 2
+    tiles *= np.exp2(rng.uniform(-half, half, size=(*tiles.shape[:2], 1))).astype(np.float32)
+    if spec.boundary_tiles > 0:
+        token, tile = np.nonzero(rng.random(tiles.shape[:2]) < spec.boundary_tiles)
+        chosen = tiles[token, tile]  # [n, 128]
+        largest = np.abs(chosen).argmax(axis=-1)
+        peak = chosen[np.arange(len(largest)), largest]
+        # the next 448 * 2^k at or above the tile's largest |value|: its scale is exactly 2^k
+        bound = 448.0 * np.exp2(np.ceil(np.log2(np.maximum(np.abs(peak), 1e-30) / 448.0)))
+        tiles[token, tile, largest] = np.where(peak < 0, -bound, bound).astype(np.float32)
+    if spec.zero_tokens > 0:
+        values[rng.random(distinct) < spec.zero_tokens] = 0.0
+    slots = np.arange(num_tokens) if distinct == num_tokens else rng.integers(0, distinct, size=num_tokens)
+    return torch.from_numpy(values).to(torch.bfloat16), torch.from_numpy(slots)
+
+
+def mla_fp8_cache(spec: KVCacheValues, num_blocks: int, block_size: int, rng: np.random.Generator) -> torch.Tensor:
+    """A packed FP8 cache [num_blocks, block_size, 1, 656] (int8 bytes) made by the quantize reference."""
+    tokens, slots = mla_cache_tokens(spec, num_blocks * block_size, rng)
+    packed = fp8_quantize()(tokens.reshape(-1, 1, 1, MLA_HEAD_DIM)).reshape(len(tokens), -1)
+    return packed[slots].reshape(num_blocks, block_size, 1, -1)
+
+
+def _nan_token_bytes(bytes_per_token: int) -> torch.Tensor:
+    """One packed FP8 token whose every field is NaN: e4m3 0x7F, float32 and bfloat16 NaNs."""
+    row = torch.full((bytes_per_token,), 0x7F, dtype=torch.int8)
+    row[MLA_LATENT:MLA_LATENT + 16] = torch.full((4,), float("nan")).view(torch.int8)
+    row[MLA_LATENT + 16:] = torch.full(((bytes_per_token - MLA_LATENT - 16) // 2,), float("nan"),
+                                       dtype=torch.bfloat16).view(torch.int8)
+    return row
+
+
+def random_subsets(rng: np.random.Generator, visible: np.ndarray, k: int) -> np.ndarray:
+    """[rows, k]: row r holds min(k, visible[r]) distinct positions out of 0..visible[r]-1 in
+    random order (as an indexer's top-k returns them), then -1s."""
+    visible = np.asarray(visible, dtype=np.int64)
+    out = np.full((len(visible), k), -1, dtype=np.int64)
+    for row in np.nonzero(visible <= k)[0].tolist():  # all of them, shuffled
+        out[row, :visible[row]] = rng.permutation(visible[row])
+    some = np.nonzero((visible > k) & (visible <= 4 * k))[0]  # positions of the k smallest random keys
+    for first in range(0, len(some), 256):
+        rows = some[first:first + 256]
+        keys = rng.random((len(rows), int(visible[rows].max())), dtype=np.float32)
+        keys[np.arange(keys.shape[1]) >= visible[rows, None]] = 2.0
+        out[rows] = rng.permuted(np.argpartition(keys, k - 1, axis=1)[:, :k], axis=1)
+    many = np.nonzero(visible > 4 * k)[0]  # draws with replacement; a repeated draw is drawn again
+    for first in range(0, len(many), 1024):
+        rows = many[first:first + 1024]
+        draws = np.sort((rng.random((len(rows), k)) * visible[rows, None]).astype(np.int64), axis=1)
+        redo = np.arange(len(rows))
+        while len(redo):
+            part = draws[redo]
+            repeated = np.zeros(part.shape, dtype=bool)
+            repeated[:, 1:] = part[:, 1:] == part[:, :-1]
+            hit = repeated.any(axis=1)
+            redo, part, repeated = redo[hit], part[hit], repeated[hit]
+            row, col = np.nonzero(repeated)
+            part[row, col] = (rng.random(len(row)) * visible[rows[redo[row]]]).astype(np.int64)
+            draws[redo] = np.sort(part, axis=1)
+        out[rows] = rng.permuted(draws, axis=1)
+    return out
+
+
+def _empty_rows(rng: np.random.Generator, rows: int, wanted: int) -> np.ndarray:
+    if wanted > rows:
+        raise ValueError(f"empty_queries {wanted} is more than the {rows} query tokens")
+    return rng.choice(rows, size=wanted, replace=False)
+
+
+@register("sparse_prefill_indices")
+def sparse_prefill_indices(spec: SparsePrefillIndices, rng: np.random.Generator) -> GeneratedInputs:
+    q_lens = sample_lengths(spec.q_lens, rng)
+    prefix = sample_lengths(spec.prefix_lens, rng) if spec.prefix_lens else np.zeros_like(q_lens)
+    if len(prefix) != len(q_lens):
+        raise ValueError(f"prefix_lens gives {len(prefix)} requests but q_lens gives {len(q_lens)}")
+    kv_lens = prefix + q_lens
+    seq_len_q, seq_len_kv, topk = int(q_lens.sum()), int(kv_lens.sum()), spec.topk
+    request = np.repeat(np.arange(len(q_lens)), q_lens)
+    first_query = np.concatenate([[0], np.cumsum(q_lens)[:-1]]).astype(np.int64)
+    first_key = np.concatenate([[0], np.cumsum(kv_lens)[:-1]]).astype(np.int64)
+    # causal: query token i of a request sees its request's keys 0..prefix + i
+    visible = prefix[request] + np.arange(seq_len_q) - first_query[request] + 1
+    visible[_empty_rows(rng, seq_len_q, spec.empty_queries)] = 0
+    position = random_subsets(rng, visible, topk)
+    indices = np.where(position >= 0, first_key[request, None] + position, -1)
+    if spec.invalid == "mixed":  # FlashMLA ignores -1 and any id >= seq_len_kv alike
+        kind = rng.integers(0, 3, size=indices.shape)
+        beyond = seq_len_kv + rng.integers(0, 65536, size=indices.shape)
+        indices = np.where(indices >= 0, indices, np.choose(kind, [np.full_like(beyond, -1), beyond, np.full_like(beyond, INT32_MAX)]))
+    if spec.scatter:
+        indices = rng.permuted(indices, axis=1)
+    tensors = {}
+    if spec.topk_length:
+        valid = (indices >= 0) & (indices < seq_len_kv)
+        length = np.where(valid.any(axis=1), topk - np.argmax(valid[:, ::-1], axis=1), 0)
+        # past topk_length: real key ids, which a solution must ignore all the same
+        past = np.arange(topk) >= length[:, None]
+        indices = np.where(past, rng.integers(0, max(seq_len_kv, 1), size=indices.shape), indices)
+        tensors["topk_length"] = torch.from_numpy(length.astype(np.int32))
+    tensors["indices"] = torch.from_numpy(indices.astype(np.int32)).reshape(seq_len_q, 1, topk)
+    return tensors, {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
+
+
+@register("sparse_decode_indices")
+def sparse_decode_indices(spec: SparseDecodeIndices, rng: np.random.Generator) -> GeneratedInputs:
+    kv_lens = sample_lengths(spec.kv_lens, rng)
+    size, seq_len_q, topk = spec.block_size, spec.seq_len_q, spec.topk
+    blocks = -(-kv_lens // size)  # blocks per request, rounded up
+    needed = int(blocks.sum())
+    pool = spec.block_pool or max(needed, 1)
+    if pool < needed:
+        raise ValueError(f"block_pool {pool} is smaller than the {needed} blocks the requests need")
+    # Real caches hand out blocks in no particular order: a random permutation of the pool.
+    block_ids = rng.permutation(pool)[:needed].astype(np.int64)
+    first_block = np.concatenate([[0], np.cumsum(blocks)[:-1]]).astype(np.int64)
+    batch_size = len(kv_lens)
+    request = np.repeat(np.arange(batch_size), seq_len_q)
+    # query token s sits at position kv_len - seq_len_q + s and sees positions 0..that
+    visible = np.maximum(kv_lens[request] - seq_len_q + np.tile(np.arange(seq_len_q), batch_size) + 1, 0)
+    visible[_empty_rows(rng, batch_size * seq_len_q, spec.empty_queries)] = 0
+    position = random_subsets(rng, visible, topk)
+    block = block_ids[np.minimum(first_block[request, None] + position // size, max(needed - 1, 0))] if needed else position
+    indices = np.where(position >= 0, block * size + position % size, -1)
+    if spec.scatter:
+        indices = rng.permuted(indices, axis=1)
+    tensors = {"indices": torch.from_numpy(indices.astype(np.int32)).reshape(batch_size, seq_len_q, topk)}
+    if spec.fp8_cache is not None:
+        packed = mla_fp8_cache(spec.fp8_cache, pool, size, rng)
+        used = np.zeros(pool * size, dtype=bool)
+        token = block_ids[:, None] * size + np.arange(size)  # tokens of every handed-out block, request after request
+        in_request = np.arange(size)[None, :] + (np.arange(needed) - np.repeat(first_block, blocks))[:, None] * size
+        used[token[in_request < np.repeat(kv_lens, blocks)[:, None]]] = True
+        flat = packed.view(pool * size, -1)
+        flat[torch.from_numpy(~used)] = _nan_token_bytes(flat.shape[-1])  # never reached by a valid index
+        tensors["k_cache"] = packed
+    return tensors, {"batch_size": batch_size, "seq_len_q": seq_len_q, "num_blocks": pool}
+
+
+@register("fp8_kv_cache")
+def fp8_kv_cache(spec: FP8KVCache, rng: np.random.Generator) -> GeneratedInputs:
+    if spec.packed:
+        return {"kv_cache_fp8": mla_fp8_cache(spec.values, spec.num_blocks, spec.block_size, rng)}, {"num_blocks": spec.num_blocks}
+    tokens, slots = mla_cache_tokens(spec.values, spec.num_blocks * spec.block_size, rng)
+    return {"kv_cache": tokens[slots].reshape(spec.num_blocks, spec.block_size, 1, MLA_HEAD_DIM)}, {"num_blocks": spec.num_blocks}

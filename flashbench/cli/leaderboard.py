@@ -1,0 +1,135 @@
+"""`flashbench leaderboard`, `compare` and `report`: reading recorded traces."""
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import FlashbenchError
+from . import console, main, repo_from
+
+FORMATS = ["table", "markdown", "csv", "json", "html"]
+
+
+def trace_options(func):
+    options = [
+        click.option("--def", "definition", required=True, help="Definition name or unique prefix."),
+        click.option("--hardware", default=None, help="Hardware name or its folder under traces/ (default: every folder)."),
+        click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                     help="Default: traces/ in the repo."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def rich_table(frame, title: str | None = None) -> Table:
+    table = Table(*map(str, frame.columns), title=title, title_justify="left")
+    for row in frame.itertuples(index=False):
+        table.add_row(*("" if value is None else str(value) for value in row))
+    return table
+
+
+def write_text(text: str, out: Path | None) -> None:
+    if out:
+        out.write_text(text)
+        console.print(f"wrote {out}", highlight=False)
+    else:
+        click.echo(text, nl=False)
+
+
+@main.command()
+@trace_options
+@click.option("--baseline", default=None, help="Solution the others are measured against "
+              "(default: the fastest tagged 'baseline', else the reference).")
+@click.option("--by-workload", is_flag=True, help="Per workload: best solution and every solution's latency.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write here instead of stdout.")
+@click.option("--charts", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also write latency and roofline PNGs per hardware into this folder.")
+@click.pass_context
+def leaderboard(ctx, definition, hardware, trace_dir, baseline, by_workload, fmt, out, charts):
+    """Rank solutions per hardware from recorded traces (see `flashbench.leaderboard` for the rules)."""
+    from .. import leaderboard as lb
+    from ..leaderboard import formats
+
+    repo = repo_from(ctx)
+    name = repo.resolve(definition)
+    boards = _boards(repo, name, hardware, trace_dir, baseline)
+    if charts:
+        for board in boards:
+            for path in lb.save_charts(board, charts):
+                console.print(f"wrote {path}", highlight=False)
+    if fmt == "table":
+        target = Console(file=out.open("w"), width=160) if out else console
+        for board in boards:
+            shown = lb.by_workload_display(board) if by_workload else lb.ranking_display(board)
+            target.print(rich_table(shown, title=formats.board_title(board)))
+            for note in board.notes:
+                target.print(f"  {note}", markup=False, highlight=False)
+        if out:
+            target.file.close()
+            console.print(f"wrote {out}", highlight=False)
+        return
+    text = {"markdown": lambda: f"# {name}\n\n" + formats.markdown(boards, by_workload),
+            "csv": lambda: formats.csv(boards, by_workload), "json": lambda: formats.json_text(boards),
+            "html": lambda: lb.html_page(boards, name)}[fmt]()
+    write_text(text, out)
+
+
+@main.command()
+@click.argument("a")
+@click.argument("b")
+@trace_options
+@click.pass_context
+def compare(ctx, a, b, definition, hardware, trace_dir):
+    """Per workload, is B faster, slower or the same as A (by the 95% intervals of the medians)?"""
+    from .. import leaderboard as lb
+
+    repo = repo_from(ctx)
+    name = repo.resolve(definition)
+    workload_set = repo.workload_set(name)
+    comparisons = lb.compare(trace_dir or repo.root / "traces", name, a, b,
+                             workload_set.workloads if workload_set else None, hardware)
+    for comparison in comparisons:
+        console.print(rich_table(lb.comparison_display(comparison), title=f"{comparison.hardware_name}: {b} against {a}"))
+        console.print(comparison.summary, markup=False, highlight=False)
+
+
+@main.command()
+@click.option("--def", "definition", required=True, help="Definition name or unique prefix.")
+@click.option("--hardware", required=True, help="Hardware name or its folder under traces/, e.g. nvidia_h200.")
+@click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default: traces/ in the repo.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the Markdown here.")
+@click.pass_context
+def report(ctx, definition, hardware, trace_dir, out):
+    """A Markdown benchmark table from recorded traces: floor and each solution's latency per workload."""
+    from ..calibrate import load_calibration
+    from ..leaderboard import benchmark_table, markdown_report
+    from ..traces import read_traces, trace_path
+
+    repo = repo_from(ctx)
+    name = repo.resolve(definition)
+    trace_dir = trace_dir or repo.root / "traces"
+    path = trace_path(trace_dir, hardware, name)
+    traces = read_traces(path)
+    if not traces:
+        raise FlashbenchError("no traces recorded here", path)
+    calibration = load_calibration(trace_dir, hardware)
+    table = benchmark_table(traces, repo.workload_set(name).workloads, hardware, calibration)
+    shown = path.relative_to(repo.root) if path.is_relative_to(repo.root) else path
+    write_text(markdown_report(f"{name} on {traces[0].hardware}", table, calibration, shown), out)
+
+
+def _boards(repo, name, hardware, trace_dir, baseline):
+    from ..leaderboard import leaderboards
+    from ..traces import trace_path
+
+    trace_dir = trace_dir or repo.root / "traces"
+    workload_set = repo.workload_set(name)
+    boards = leaderboards(trace_dir, name, workload_set.workloads if workload_set else None, hardware, baseline)
+    if not boards:
+        where = trace_path(trace_dir, hardware, name) if hardware else Path(trace_dir) / "*" / f"{name}.jsonl"
+        raise FlashbenchError("no traces recorded here", where)
+    return boards

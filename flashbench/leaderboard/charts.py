@@ -1,0 +1,88 @@
+"""PNG charts of a board: latency per workload per solution, and a roofline.
+
+Figures are drawn with matplotlib's Agg canvas directly (no pyplot), so nothing needs a display
+and no global plotting state is touched.
+"""
+
+import io
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .board import Board
+
+
+def latency_chart(board: Board) -> bytes:
+    """Grouped bars: one group per workload, one bar per solution (valid results only), log scale."""
+    view = board.by_workload
+    solutions = list(board.ranking["solution"])
+    figure, axes = _figure(max(6.0, 2 + 0.3 * len(view) * len(solutions)))
+    width = 0.8 / max(1, len(solutions))
+    positions = np.arange(len(view))
+    for i, solution in enumerate(solutions):
+        heights = [v if isinstance(v, float) else np.nan for v in view[solution]]
+        axes.bar(positions + (i - (len(solutions) - 1) / 2) * width, heights, width, label=solution)
+    if view["floor_us"].notna().any():
+        axes.scatter(positions, view["floor_us"], marker="_", s=400, color="black", zorder=3, label="floor")
+    axes.set_yscale("log")
+    axes.set_xticks(positions, view["workload"], rotation=30, ha="right")
+    axes.set_ylabel("median latency (µs, log scale)")
+    axes.set_title(f"Latency per workload on {board.hardware_name}")
+    axes.set_xlabel("workload (no bar: failed, suspicious or not run)")
+    axes.legend(fontsize="small")
+    return _png(figure)
+
+
+def roofline_chart(board: Board) -> bytes:
+    """Achieved FLOP/s against arithmetic intensity (FLOPs / bytes), under the calibrated roofs."""
+    figure, axes = _figure(7.0)
+    points = board.results[board.results["valid"] & (board.results["bytes"] > 0) & (board.results["flops"] > 0)]
+    for solution, mine in points.groupby("solution", sort=False):
+        axes.scatter(mine["flops"] / mine["bytes"], mine["flops"] / (mine["latency_ms"] / 1e3), label=solution)
+    calibration = board.calibration
+    if calibration is not None:
+        ridge = calibration.matmul_flops_per_s / calibration.memory_bytes_per_s
+        intensities = points["flops"] / points["bytes"]
+        low = min([ridge / 100, *intensities]) / 2
+        high = max([ridge * 10, *intensities]) * 2
+        x = np.geomspace(low, high, 200)
+        axes.plot(x, np.minimum(calibration.matmul_flops_per_s, x * calibration.memory_bytes_per_s), color="black",
+                  label=f"roofs: {calibration.memory_bytes_per_s / 1e9:.0f} GB/s, "
+                        f"{calibration.matmul_flops_per_s / 1e12:.1f} TFLOP/s")
+    if points.empty and calibration is None:
+        axes.text(0.5, 0.5, "no valid results with a cost model", ha="center", transform=axes.transAxes)
+    else:
+        axes.set_xscale("log")
+        axes.set_yscale("log")
+        axes.legend(fontsize="small")
+    roofs = "" if calibration else " (no calibration: roofs unknown)"
+    axes.set_title(f"Roofline on {board.hardware_name}{roofs}")
+    axes.set_xlabel("arithmetic intensity (FLOPs / byte)")
+    axes.set_ylabel("achieved FLOP/s")
+    return _png(figure)
+
+
+def save_charts(board: Board, folder: Path) -> list[Path]:
+    """<hardware>-latency.png and <hardware>-roofline.png in folder."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, draw in (("latency", latency_chart), ("roofline", roofline_chart)):
+        path = folder / f"{board.hardware}-{name}.png"
+        path.write_bytes(draw(board))
+        written.append(path)
+    return written
+
+
+def _figure(width: float):
+    figure = Figure(figsize=(min(width, 16.0), 5.0), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure, figure.add_subplot()
+
+
+def _png(figure: Figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()

@@ -1,0 +1,85 @@
+"""Traces as pandas frames: one row per trace, then one result per (solution content, workload, hardware)."""
+
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from ..model import Calibration, Trace
+from ..traces import hardware_slug, read_traces, trace_path
+
+COLUMNS = [
+    "hardware", "hardware_name", "definition", "workload", "workload_name", "solution", "solution_hash",
+    "solution_tags", "status", "message", "timestamp", "latency_ms", "ci_low_ms", "ci_high_ms", "bytes", "flops",
+]
+RESULT_KEY = ["hardware", "solution", "solution_hash", "workload"]
+
+
+def traces_frame(traces: Iterable[Trace]) -> pd.DataFrame:
+    """One row per trace, in recorded order. `hardware` is the folder name, so GPUs never mix."""
+    rows = []
+    for t in traces:
+        perf = t.performance
+        rows.append({
+            "hardware": hardware_slug(t.hardware), "hardware_name": t.hardware, "definition": t.definition,
+            "workload": t.workload, "workload_name": t.workload_name, "solution": t.solution,
+            "solution_hash": t.solution_hash, "solution_tags": list(t.solution_tags), "status": t.status,
+            "message": t.message, "timestamp": t.timestamp,
+            "latency_ms": perf.latency_ms if perf else np.nan, "ci_low_ms": perf.ci_low_ms if perf else np.nan,
+            "ci_high_ms": perf.ci_high_ms if perf else np.nan,
+            "bytes": perf.bytes if perf and perf.bytes is not None else np.nan,
+            "flops": perf.flops if perf and perf.flops is not None else np.nan,
+        })
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    frame["time"] = pd.to_datetime(frame["timestamp"], utc=True, format="ISO8601")
+    frame["order"] = range(len(frame))  # breaks ties between runs recorded in the same second
+    return frame
+
+
+def read_results(trace_dir: Path, definition: str, hardware: str | None = None) -> pd.DataFrame:
+    """Every trace of a definition under trace_dir: one hardware folder, or all of them."""
+    if hardware:
+        paths = [trace_path(trace_dir, hardware, definition)]
+    else:
+        paths = sorted(Path(trace_dir).glob(f"*/{definition}.jsonl"))
+    return traces_frame(trace for path in paths for trace in read_traces(path))
+
+
+def latest_results(frame: pd.DataFrame) -> pd.DataFrame:
+    """The newest run of each (solution content hash, workload, hardware), with `runs`: how many were recorded."""
+    ordered = frame.sort_values(["time", "order"], kind="stable")
+    runs = ordered.groupby(RESULT_KEY).size().rename("runs").reset_index()
+    latest = ordered.groupby(RESULT_KEY, as_index=False).tail(1)
+    return latest.merge(runs, on=RESULT_KEY, how="left").sort_values("order", kind="stable").reset_index(drop=True)
+
+
+def current_results(frame: pd.DataFrame) -> pd.DataFrame:
+    """Latest results of the newest content hash of each solution per hardware; older hashes drop out."""
+    latest = latest_results(frame)
+    newest = latest.sort_values(["time", "order"], kind="stable").groupby(["hardware", "solution"]).tail(1)
+    return latest.merge(newest[["hardware", "solution", "solution_hash"]], on=["hardware", "solution", "solution_hash"])
+
+
+def with_speed_of_light(results: pd.DataFrame, calibration: Calibration | None) -> pd.DataFrame:
+    """Adds floor_ms, sol_pct (floor / latency, in %), suspicious (passed yet faster than the floor) and valid.
+
+    The cost model does not depend on the solution, so a workload's bytes and FLOPs come from any
+    result that recorded them. A result under the floor cannot be real: it is kept off every ranking.
+    """
+    results = results.copy()
+    costs = results.groupby("workload")[["bytes", "flops"]].first()
+    floors = {workload: _floor_ms(calibration, row["bytes"], row["flops"]) for workload, row in costs.iterrows()}
+    results["floor_ms"] = results["workload"].map(floors).astype(float)
+    passed = (results["status"] == "PASSED") & results["latency_ms"].notna()
+    results["sol_pct"] = np.where(passed, results["floor_ms"] / results["latency_ms"] * 100, np.nan)
+    results["suspicious"] = passed & (results["latency_ms"] < results["floor_ms"])
+    results["valid"] = passed & ~results["suspicious"]
+    return results
+
+
+def _floor_ms(calibration: Calibration | None, nbytes: float, flops: float) -> float:
+    if calibration is None:
+        return np.nan
+    floor = calibration.floor_ms(None if pd.isna(nbytes) else nbytes, None if pd.isna(flops) else flops)
+    return np.nan if floor is None else floor

@@ -1,0 +1,60 @@
+import math
+
+from trace_factory import CALIBRATION, make_trace
+
+from flashbench.leaderboard import current_results, latest_results, read_results, traces_frame, with_speed_of_light
+from flashbench.traces import append_trace, trace_path
+
+DAY1, DAY2 = "2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00"
+
+
+def test_latest_run_of_each_content_hash_wins_and_runs_are_counted():
+    frame = traces_frame([make_trace("s", "w1-aaaaaa", 2.0, timestamp=DAY2),
+                          make_trace("s", "w1-aaaaaa", 1.0, timestamp=DAY1),
+                          make_trace("s", "w2-aaaaaa", 3.0, timestamp=DAY1)])
+    latest = latest_results(frame).set_index("workload")
+    assert latest.loc["w1-aaaaaa", "latency_ms"] == 2.0 and latest.loc["w1-aaaaaa", "runs"] == 2
+    assert latest.loc["w2-aaaaaa", "runs"] == 1
+
+
+def test_same_second_the_later_line_wins():
+    frame = traces_frame([make_trace("s", "w1-aaaaaa", 1.0), make_trace("s", "w1-aaaaaa", 5.0)])
+    assert list(latest_results(frame)["latency_ms"]) == [5.0]
+
+
+def test_older_content_hashes_drop_out():
+    frame = traces_frame([make_trace("s", "w1-aaaaaa", 1.0, solution_hash="old", timestamp=DAY1),
+                          make_trace("s", "w2-aaaaaa", 1.0, solution_hash="old", timestamp=DAY1),
+                          make_trace("s", "w1-aaaaaa", 3.0, solution_hash="new", timestamp=DAY2)])
+    current = current_results(frame)
+    assert list(current["solution_hash"]) == ["new"] and list(current["workload"]) == ["w1-aaaaaa"]
+
+
+def test_newest_hash_is_chosen_per_hardware():
+    frame = traces_frame([make_trace("s", "w1-aaaaaa", 1.0, solution_hash="old", timestamp=DAY1, hardware="GPU Y"),
+                          make_trace("s", "w1-aaaaaa", 3.0, solution_hash="new", timestamp=DAY2)])
+    current = current_results(frame).set_index("hardware")
+    assert current.loc["gpu_y", "solution_hash"] == "old" and current.loc["gpu_x", "solution_hash"] == "new"
+
+
+def test_floor_share_of_floor_and_suspicious():
+    frame = traces_frame([make_trace("honest", "w1-aaaaaa", 2.0), make_trace("cheat", "w1-aaaaaa", 0.5),
+                          make_trace("broken", "w1-aaaaaa", status="RUNTIME_ERROR")])
+    results = with_speed_of_light(latest_results(frame), CALIBRATION).set_index("solution")
+    assert (results["floor_ms"] == 1.0).all()  # 1 GB at 1 TB/s, for the failed result too
+    assert results.loc["honest", "sol_pct"] == 50.0 and results.loc["honest", "valid"]
+    assert results.loc["cheat", "suspicious"] and not results.loc["cheat", "valid"]
+    assert not results.loc["broken", "valid"] and math.isnan(results.loc["broken", "sol_pct"])
+
+
+def test_no_calibration_means_no_floor_and_nothing_suspicious():
+    results = with_speed_of_light(latest_results(traces_frame([make_trace("s", "w1-aaaaaa", 1e-9)])), None)
+    assert math.isnan(results["floor_ms"].iloc[0]) and results["valid"].all()
+
+
+def test_reads_every_hardware_folder_or_one(tmp_path):
+    for hardware in ("GPU X", "GPU Y"):
+        append_trace(trace_path(tmp_path, hardware, "d"), make_trace("s", "w1-aaaaaa", 1.0, hardware=hardware))
+    assert sorted(read_results(tmp_path, "d")["hardware"]) == ["gpu_x", "gpu_y"]
+    assert list(read_results(tmp_path, "d", "gpu_y")["hardware_name"]) == ["GPU Y"]
+    assert read_results(tmp_path, "other").empty

@@ -1,0 +1,192 @@
+"""Trace files (flashbench/traces.py): what a recorded trace holds, torn lines, odd characters, and
+refusing an unwritable trace directory before any work starts."""
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from flashbench import FlashbenchError, Repo
+from flashbench.model import OutputError, Trace
+from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
+from flashbench.traces import append_trace, check_writable, hardware_slug, read_traces, trace_path
+
+DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+FIXTURES = Path(__file__).parent / "fixtures" / "solutions" / DEFINITION
+
+TRACE_KEYS = {"definition", "workload", "solution", "solution_hash", "author", "hardware", "status", "message",
+              "log", "correctness", "performance", "environment", "timestamp"}
+PERFORMANCE_KEYS = {"latency_ms", "mean_ms", "std_ms", "min_ms", "p10_ms", "p90_ms", "samples", "ci_low_ms",
+                    "ci_high_ms", "reference_latency_ms", "speedup", "timing"}
+
+
+@pytest.fixture(scope="module")
+def recorded(repo_copy, shared_cache, tmp_path_factory):
+    """The reference, a correct and a wrong solution on one smoke workload, saved to a trace file."""
+    repo = Repo(repo_copy)
+    options = RunOptions(device="cpu", iters=2, warmup=0, timeout=30, trace_dir=tmp_path_factory.mktemp("traces"),
+                         cache_dir=shared_cache)
+    runner = Runner(repo, DEFINITION, options)
+    folders = select_solutions(repo, DEFINITION, [str(FIXTURES / "correct_dps"), str(FIXTURES / "wrong_values")])
+    result = runner.run(runner.candidates(folders), select_workloads(repo, DEFINITION, ["smoke_mixed"], "cpu"))
+    lines = result.trace_file.read_text().splitlines()
+    return result, [json.loads(line) for line in lines]
+
+
+def test_one_line_per_pair_in_the_hardware_folder(recorded, repo_copy):
+    result, records = recorded
+    assert [(r["solution"], r["status"]) for r in records] == [
+        ("reference", "PASSED"), ("correct_dps", "PASSED"), ("wrong_values", "INCORRECT_NUMERICAL")]
+    assert result.trace_file.name == f"{DEFINITION}.jsonl"
+    assert result.trace_file.parent.name == hardware_slug(records[0]["hardware"])
+    assert not (repo_copy / "traces").exists() and not (repo_copy / ".flashbench-cache").exists()
+
+
+def test_trace_keys(recorded):
+    _, records = recorded
+    for record in records:
+        assert TRACE_KEYS <= set(record), TRACE_KEYS - set(record)
+        assert record["definition"] == DEFINITION
+        assert record["workload"] == "810323f4-6465-4c15-a87f-4d0946faba69" and record["workload_name"] == "smoke_mixed"
+        assert len(record["solution_hash"]) == 16
+        assert record["hardware"] == record["environment"]["hardware"]
+        assert record["environment"]["device"] == "cpu" and record["environment"]["torch"]
+        assert record["timestamp"].endswith("+00:00")
+    reference, correct, wrong = records
+    assert reference["author"] == "flashbench" and correct["author"] == "tests" and wrong["author"] == "tests"
+
+
+def test_correctness_per_output(recorded):
+    _, records = recorded
+    for record in records:
+        assert set(record["correctness"]) == {"output", "lse"}
+        for stats in record["correctness"].values():
+            assert set(stats) == {"max_abs_error", "max_rel_error", "mismatch_fraction"}
+    correct, wrong = records[1], records[2]
+    assert correct["correctness"]["output"]["mismatch_fraction"] == 0.0
+    assert wrong["correctness"]["output"]["mismatch_fraction"] == 1.0
+    assert wrong["correctness"]["output"]["max_abs_error"] == pytest.approx(0.5, abs=0.02)
+    assert "output output" in wrong["message"] and wrong["log"] is not None
+
+
+def test_performance(recorded):
+    _, records = recorded
+    reference, correct, wrong = records
+    for record in (reference, correct):
+        perf = record["performance"]
+        assert PERFORMANCE_KEYS <= set(perf), PERFORMANCE_KEYS - set(perf)
+        assert perf["samples"] == 2
+        assert 0 < perf["min_ms"] <= perf["p10_ms"] <= perf["latency_ms"] <= perf["p90_ms"]
+        assert perf["ci_low_ms"] <= perf["latency_ms"] <= perf["ci_high_ms"]
+        assert perf["timing"]["method"] == "host clock" and perf["timing"]["iters"] == 2
+        assert perf["timing"]["warmup"] == 0 and perf["timing"]["input_sets"] == 3
+        assert perf["bytes"] > 0 and perf["flops"] > 0
+        assert perf["reference_latency_ms"] == reference["performance"]["latency_ms"]
+        assert perf["speedup"] == pytest.approx(perf["reference_latency_ms"] / perf["latency_ms"])
+        assert record["log"] == ""
+    assert reference["performance"]["speedup"] == 1.0
+    assert wrong["performance"] is None  # a wrong solution is never timed
+
+
+def test_recorded_traces_read_back(recorded):
+    result, records = recorded
+    traces = read_traces(result.trace_file)
+    assert [t.solution for t in traces] == [r["solution"] for r in records]
+    assert traces[2].correctness["output"].mismatch_fraction == 1.0
+
+
+def make_trace(i: int, **fields) -> Trace:
+    values = dict(definition=DEFINITION, workload=f"w{i}", solution="s", solution_hash="0" * 16, author="tests",
+                  hardware="CPU x86_64", status="PASSED", timestamp="2025-01-01T00:00:00+00:00")
+    values.update(fields)
+    return Trace(**values)
+
+
+def test_torn_last_line_is_skipped_and_the_next_append_starts_a_fresh_line(tmp_path, capsys):
+    path = trace_path(tmp_path, "CPU x86_64", DEFINITION)
+    for i in range(3):
+        append_trace(path, make_trace(i))
+    whole = make_trace(3).model_dump_json().encode()
+    with open(path, "ab") as handle:
+        handle.write(whole[: len(whole) // 2])  # a record cut off mid-write
+    assert [t.workload for t in read_traces(path)] == ["w0", "w1", "w2"]
+    assert "line 4 is not a valid trace" in capsys.readouterr().err
+    append_trace(path, make_trace(4))
+    lines = path.read_bytes().split(b"\n")
+    assert lines[3] == whole[: len(whole) // 2] and lines[-1] == b""
+    assert json.loads(lines[4])["workload"] == "w4"
+    assert [t.workload for t in read_traces(path)] == ["w0", "w1", "w2", "w4"]
+
+
+def test_torn_line_inside_a_multibyte_character(tmp_path):
+    path = tmp_path / "t.jsonl"
+    append_trace(path, make_trace(0))
+    whole = make_trace(1, message="latency 3.0 µs").model_dump_json().encode()
+    cut = whole.index("µ".encode()) + 1  # between the two bytes of µ
+    with open(path, "ab") as handle:
+        handle.write(whole[:cut])
+    assert [t.workload for t in read_traces(path)] == ["w0"]
+
+
+@pytest.mark.parametrize("text", ["a\u2028b", "a\u2029b", "a\x85b", "a\x0cb\x0bc\x1cd", "a\rb", "µs → ✓"])
+def test_unusual_characters_in_a_log_round_trip(tmp_path, text):
+    """Logs are whatever a solution printed: they must never split or spoil a record."""
+    path = tmp_path / "t.jsonl"
+    append_trace(path, make_trace(0, status="RUNTIME_ERROR", message=text, log=text * 3))
+    append_trace(path, make_trace(1))
+    traces = read_traces(path)
+    assert [t.workload for t in traces] == ["w0", "w1"]
+    assert traces[0].message == text and traces[0].log == text * 3
+
+
+def test_infinite_and_nan_errors_round_trip(tmp_path):
+    path = tmp_path / "t.jsonl"
+    errors = {"output": OutputError(max_abs_error=math.inf, max_rel_error=math.nan, mismatch_fraction=0.5)}
+    append_trace(path, make_trace(0, status="INCORRECT_NUMERICAL", correctness=errors))
+    json.loads(path.read_text())  # still valid JSON
+    (trace,) = read_traces(path)
+    assert trace.correctness["output"].max_abs_error == math.inf and math.isnan(trace.correctness["output"].max_rel_error)
+
+
+def test_read_traces_of_a_missing_file(tmp_path):
+    assert read_traces(tmp_path / "none.jsonl") == []
+
+
+def test_check_writable_creates_the_folder(tmp_path):
+    path = tmp_path / "a" / "b" / "x.jsonl"
+    check_writable(path)
+    assert path.parent.is_dir()
+
+
+def test_check_writable_refuses_an_unwritable_directory(tmp_path):
+    if os.geteuid() == 0:  # root writes anywhere: make the folder impossible instead
+        blocker = tmp_path / "a_file"
+        blocker.write_text("")
+        path = blocker / "cpu" / "x.jsonl"
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        path = locked / "cpu" / "x.jsonl"
+    try:
+        with pytest.raises(FlashbenchError, match="cannot write traces") as info:
+            check_writable(path)
+        assert str(path) in str(info.value)
+    finally:
+        if os.geteuid() != 0:
+            (tmp_path / "locked").chmod(0o700)
+
+
+def test_runner_refuses_an_unwritable_trace_dir_before_any_work(repo_copy, shared_cache, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    repo = Repo(repo_copy)
+    options = RunOptions(device="cpu", iters=2, warmup=0, timeout=30, trace_dir=blocker, cache_dir=shared_cache)
+    runner = Runner(repo, DEFINITION, options)
+    seen = []
+    runner.on_result = seen.append
+    with pytest.raises(FlashbenchError, match="cannot write traces"):
+        runner.run(runner.candidates([]), select_workloads(repo, DEFINITION, [], "cpu"))
+    assert seen == []

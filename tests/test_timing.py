@@ -84,9 +84,15 @@ class FakeSolution:
         self.now += self.durations[i]
 
 
+def time_host(call, prepare, sets, warmup, iters):
+    timer = timing.HostTimer()
+    timer.warm_up(call, prepare, sets, warmup)
+    return timer.events(call, prepare, sets, iters)
+
+
 def test_time_host_counts_calls_and_rotates_sets(monkeypatch):
     fake = FakeSolution(monkeypatch, durations=[0.001, 0.002, 0.003])
-    samples = timing.time_host(fake.call, fake.prepare, sets=3, warmup=4, iters=7)
+    samples = time_host(fake.call, fake.prepare, sets=3, warmup=4, iters=7)
     calls = [i for kind, i in fake.events if kind == "call"]
     assert calls == [0, 1, 2, 0] + [0, 1, 2, 0, 1, 2, 0]  # warm-up, then timed calls, rotating
     assert fake.events[0::2] == [("prepare", i) for i in calls]  # every call is prepared first
@@ -96,7 +102,7 @@ def test_time_host_counts_calls_and_rotates_sets(monkeypatch):
 
 def test_time_host_without_warmup(monkeypatch):
     fake = FakeSolution(monkeypatch, durations=[0.005])
-    assert timing.time_host(fake.call, fake.prepare, sets=1, warmup=0, iters=2) == pytest.approx([5.0, 5.0])
+    assert time_host(fake.call, fake.prepare, sets=1, warmup=0, iters=2) == pytest.approx([5.0, 5.0])
     assert [i for kind, i in fake.events if kind == "call"] == [0, 0]
 
 
@@ -106,6 +112,11 @@ def test_clock_is_captured_at_import(monkeypatch):
 
     monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
     ticks = []
-    samples = timing.time_host(lambda i: ticks.append(i), lambda i: None, sets=1, warmup=0, iters=3)
+    samples = time_host(lambda i: ticks.append(i), lambda i: None, sets=1, warmup=0, iters=3)
     assert len(samples) == 3 and len(ticks) == 3
     assert timing._perf_counter is not time.perf_counter
+
+
+def test_host_wall_clock_excludes_preparation(monkeypatch):
+    fake = FakeSolution(monkeypatch, durations=[0.004])
+    assert timing.HostTimer().wall_clock(fake.call, fake.prepare, sets=1, iters=5) == pytest.approx(4.0)

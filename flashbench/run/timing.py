@@ -25,18 +25,36 @@ Prepare = Callable[[int], None]  # poisons set i's outputs before a call
 CROSSCHECK_SLACK_MS = 0.05
 
 
-def time_host(call: Call, prepare: Prepare, sets: int, warmup: int, iters: int) -> list[float]:
-    """CPU: host clock around each call."""
-    for k in range(warmup):
-        prepare(k % sets)
-        call(k % sets)
-    samples = []
-    for k in range(iters):
-        prepare(k % sets)
-        start = _perf_counter()
-        call(k % sets)
-        samples.append((_perf_counter() - start) * 1e3)
-    return samples
+class HostTimer:
+    """CPU: the host clock around each call. Same protocol as CudaTimer, without an L2 flush."""
+
+    def flush(self) -> None:
+        pass
+
+    def warm_up(self, call: Call, prepare: Prepare, sets: int, warmup: int) -> None:
+        for k in range(warmup):
+            prepare(k % sets)
+            call(k % sets)
+
+    def events(self, call: Call, prepare: Prepare, sets: int, iters: int) -> list[float]:
+        samples = []
+        for k in range(iters):
+            prepare(k % sets)
+            start = _perf_counter()
+            call(k % sets)
+            samples.append((_perf_counter() - start) * 1e3)
+        return samples
+
+    def wall_clock(self, call: Call, prepare: Prepare, sets: int, iters: int) -> float:
+        """Host time per call over a batch, minus the preparation alone."""
+        def batch(with_call: bool) -> float:
+            start = _perf_counter()
+            for k in range(iters):
+                prepare(k % sets)
+                if with_call:
+                    call(k % sets)
+            return (_perf_counter() - start) * 1e3
+        return max(batch(True) - batch(False), 0.0) / iters
 
 
 class CudaTimer:

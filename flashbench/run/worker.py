@@ -112,8 +112,8 @@ class Worker:
         rerun = _to_host(results[0])
         reply = {"ok": True, "outputs": first, "rerun": rerun}
         if request.get("timing"):
-            reply.update(self.measure(call, prepare, len(sets), request["timing"]))
-            reply["timed_outputs"] = [_to_host(r) for r in results]
+            timed_outputs = lambda: [_to_host(r) for r in results]  # noqa: E731
+            reply.update(self.measure(call, prepare, len(sets), request["timing"], timed_outputs))
         reply["inputs_mutated"] = [name for s, p in zip(sets, pristine) for name in _changed(s, p)]
         return reply
 
@@ -137,18 +137,21 @@ class Worker:
             raise ValueError(f"returned {len(returned)} values; the definition has {len(self.definition.outputs)} outputs")
         return dict(zip(self.definition.outputs, returned))
 
-    def measure(self, call, prepare, sets: int, params: dict) -> dict:
-        warmup, iters = params["warmup"], params["iters"]
+    def measure(self, call, prepare, sets: int, params: dict, timed_outputs) -> dict:
+        """Raw samples, plus the outputs of the last timed call on each set, taken before the
+        crosscheck (whose preparation-only batch poisons the outputs again)."""
         if self.device == "cpu":
-            return {"samples": timing.time_host(call, prepare, sets, warmup, iters)}
-        timer = timing.CudaTimer(self.device, params["flush_bytes"])
-        timer.warm_up(call, prepare, sets, warmup)
-        if params["method"] == "graph":
-            samples = timer.graph(call, prepare, sets, iters)
+            timer = timing.HostTimer()
         else:
-            samples = timer.events(call, prepare, sets, iters)
-        wall = timer.wall_clock(call, prepare, sets, max(iters // 4, 5))
-        return {"samples": samples, "wall_ms": wall}
+            timer = timing.CudaTimer(self.device, params["flush_bytes"])
+        timer.warm_up(call, prepare, sets, params["warmup"])
+        if params["method"] == "graph" and self.device != "cpu":
+            samples = timer.graph(call, prepare, sets, params["iters"])
+        else:
+            samples = timer.events(call, prepare, sets, params["iters"])
+        reply = {"samples": samples, "timed_outputs": timed_outputs()}
+        reply["wall_ms"] = timer.wall_clock(call, prepare, sets, max(params["iters"] // 4, 5))
+        return reply
 
 
 def _poison(tensor: torch.Tensor) -> None:

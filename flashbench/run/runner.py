@@ -230,7 +230,9 @@ class Runner:
         except WorkerCrashed as exc:
             return self._trace(candidate, workload, "CRASHED", str(exc), log=worker.log_tail()), True
         if not reply["ok"]:
-            return self._trace(candidate, workload, reply["status"], reply["message"], log=worker.log_tail()), False
+            # A CUDA error (an illegal address, say) poisons the worker's context: start afresh.
+            on_gpu = torch.device(self.options.device).type == "cuda"
+            return self._trace(candidate, workload, reply["status"], reply["message"], log=worker.log_tail()), on_gpu
         verdict = self._verdict(reply, expected)
         performance = self._performance(reply, workload, candidate) if verdict.passed else None
         # On a CPU both clocks are the host's and load noise alone can split them: recorded, not judged.

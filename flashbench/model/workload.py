@@ -122,9 +122,11 @@ class KVCacheValues(Strict):
 class SparsePrefillIndices(Strict):
     """Top-k index sets for sparse prefill (flash_mla_sparse_fwd): requests packed along one token
     axis, query token i of a request at position prefix + i sees its request's keys 0..prefix + i
-    and gets min(topk, prefix + i + 1) of them (distinct, random order, as an indexer's top-k
-    returns them) as indices into the packed keys; the remaining entries are invalid. indices is
-    [seq_len_q, 1, topk]; with topk_length, also topk_length [seq_len_q]."""
+    and gets min(topk, prefix + i + 1) of them as indices into the packed keys, in random order:
+    all of them if they fit, else the topk // 4 most recent and one from each of topk - topk // 4
+    equal strata of the older ones (an indexer's local window plus keys spread over the context);
+    the remaining entries are invalid. indices is [seq_len_q, 1, topk]; with topk_length, also
+    topk_length [seq_len_q]."""
 
     generator: Literal["sparse_prefill_indices"]
     q_lens: Lengths = Field(description="query tokens per request")
@@ -144,8 +146,8 @@ class SparseDecodeIndices(Strict):
     """Top-k index sets for sparse decode over a paged cache (flash_mla_with_kvcache with indices):
     request b holds kv_lens[b] tokens in 64-token blocks drawn from a random permutation of the
     pool; its query token s (of seq_len_q, MTP) sits at position kv_len - seq_len_q + s, sees
-    positions 0..that, and gets min(topk, visible) of them as cache ids block * 64 + offset; the
-    other entries are -1. indices is [batch_size, seq_len_q, topk]. With fp8_cache, also k_cache,
+    positions 0..that, and gets min(topk, visible) of them (picked as for prefill) as cache ids
+    block * 64 + offset; the other entries are -1. indices is [batch_size, seq_len_q, topk]. With fp8_cache, also k_cache,
     the pool quantised by the FP8 quantize reference [num_blocks, 64, 1, 656] (int8 bytes); tokens
     outside every request hold NaN bytes, which no valid index reaches."""
 

@@ -187,32 +187,22 @@ def _nan_token_bytes(bytes_per_token: int) -> torch.Tensor:
 
 def random_subsets(rng: np.random.Generator, visible: np.ndarray, k: int) -> np.ndarray:
     """[rows, k]: row r holds min(k, visible[r]) distinct positions out of 0..visible[r]-1 in
-    random order (as an indexer's top-k returns them), then -1s."""
+    random order, then -1s. When more than k are visible, a top-k as an indexer returns it: the
+    k // 4 most recent positions and one at random from each of k - k // 4 equal strata of the
+    older ones (a local window plus keys spread over the whole context)."""
     visible = np.asarray(visible, dtype=np.int64)
     out = np.full((len(visible), k), -1, dtype=np.int64)
-    for row in np.nonzero(visible <= k)[0].tolist():  # all of them, shuffled
+    for row in np.nonzero(visible <= k)[0].tolist():  # every visible position, shuffled
         out[row, :visible[row]] = rng.permutation(visible[row])
-    some = np.nonzero((visible > k) & (visible <= 4 * k))[0]  # positions of the k smallest random keys
-    for first in range(0, len(some), 256):
-        rows = some[first:first + 256]
-        keys = rng.random((len(rows), int(visible[rows].max())), dtype=np.float32)
-        keys[np.arange(keys.shape[1]) >= visible[rows, None]] = 2.0
-        out[rows] = rng.permuted(np.argpartition(keys, k - 1, axis=1)[:, :k], axis=1)
-    many = np.nonzero(visible > 4 * k)[0]  # draws with replacement; a repeated draw is drawn again
-    for first in range(0, len(many), 1024):
-        rows = many[first:first + 1024]
-        draws = np.sort((rng.random((len(rows), k)) * visible[rows, None]).astype(np.int64), axis=1)
-        redo = np.arange(len(rows))
-        while len(redo):
-            part = draws[redo]
-            repeated = np.zeros(part.shape, dtype=bool)
-            repeated[:, 1:] = part[:, 1:] == part[:, :-1]
-            hit = repeated.any(axis=1)
-            redo, part, repeated = redo[hit], part[hit], repeated[hit]
-            row, col = np.nonzero(repeated)
-            part[row, col] = (rng.random(len(row)) * visible[rows[redo[row]]]).astype(np.int64)
-            draws[redo] = np.sort(part, axis=1)
-        out[rows] = rng.permuted(draws, axis=1)
+    many = np.nonzero(visible > k)[0]
+    if len(many):
+        window, spread = k // 4, k - k // 4
+        v = visible[many, None]
+        recent = v - 1 - np.arange(window)[None, :]
+        older = v - window  # positions 0..older-1 in `spread` strata of at least one position each
+        bounds = (np.arange(spread + 1)[None, :] * older) // spread
+        picks = bounds[:, :-1] + (rng.random((len(many), spread)) * (bounds[:, 1:] - bounds[:, :-1])).astype(np.int64)
+        out[many] = rng.permuted(np.concatenate([recent, picks], axis=1), axis=1)
     return out
 
 
@@ -236,12 +226,14 @@ def sparse_prefill_indices(spec: SparsePrefillIndices, rng: np.random.Generator)
     # causal: query token i of a request sees its request's keys 0..prefix + i
     visible = prefix[request] + np.arange(seq_len_q) - first_query[request] + 1
     visible[_empty_rows(rng, seq_len_q, spec.empty_queries)] = 0
-    position = random_subsets(rng, visible, topk)
-    indices = np.where(position >= 0, first_key[request, None] + position, -1)
-    if spec.invalid == "mixed":  # FlashMLA ignores -1 and any id >= seq_len_kv alike
-        kind = rng.integers(0, 3, size=indices.shape)
-        beyond = seq_len_kv + rng.integers(0, 65536, size=indices.shape)
-        indices = np.where(indices >= 0, indices, np.choose(kind, [np.full_like(beyond, -1), beyond, np.full_like(beyond, INT32_MAX)]))
+    indices = random_subsets(rng, visible, topk)
+    valid = indices >= 0
+    indices += np.where(valid, first_key[request, None], 0)  # positions -> ids into the packed keys
+    if spec.invalid == "mixed":  # FlashMLA ignores -1 and any id >= seq_len_kv alike: a third of each
+        row, col = np.nonzero(~valid)
+        kind = rng.integers(0, 3, size=len(row))
+        indices[row, col] = np.where(kind == 1, seq_len_kv + rng.integers(0, 65536, size=len(row)),
+                                     np.where(kind == 2, INT32_MAX, -1))
     if spec.scatter:
         indices = rng.permuted(indices, axis=1)
     tensors = {}
@@ -249,8 +241,8 @@ def sparse_prefill_indices(spec: SparsePrefillIndices, rng: np.random.Generator)
         valid = (indices >= 0) & (indices < seq_len_kv)
         length = np.where(valid.any(axis=1), topk - np.argmax(valid[:, ::-1], axis=1), 0)
         # past topk_length: real key ids, which a solution must ignore all the same
-        past = np.arange(topk) >= length[:, None]
-        indices = np.where(past, rng.integers(0, max(seq_len_kv, 1), size=indices.shape), indices)
+        row, col = np.nonzero(np.arange(topk) >= length[:, None])
+        indices[row, col] = rng.integers(0, max(seq_len_kv, 1), size=len(row))
         tensors["topk_length"] = torch.from_numpy(length.astype(np.int32))
     tensors["indices"] = torch.from_numpy(indices.astype(np.int32)).reshape(seq_len_q, 1, topk)
     return tensors, {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}

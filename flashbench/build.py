@@ -58,6 +58,8 @@ def _import_python(folder: Path, solution: Solution):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:
+        raise BuildError(f"{solution.entry_file} calls sys.exit({exc.code!r}) at import") from None
     except Exception as exc:
         raise BuildError(f"importing {solution.entry_file} failed: {exc!r}") from exc
     return module

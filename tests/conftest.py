@@ -41,3 +41,12 @@ def fresh_repo(tmp_path) -> Path:
 def module_repo(tmp_path_factory) -> Path:
     """Like fresh_repo, shared by the tests of one module."""
     return copy_repo(tmp_path_factory.mktemp("repo"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_reference_cache(tmp_path_factory):
+    """Reference outputs default to ~/.cache/flashbench: keep the tests' own out of the home folder."""
+    patcher = pytest.MonkeyPatch()
+    patcher.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    yield
+    patcher.undo()

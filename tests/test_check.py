@@ -159,7 +159,7 @@ def test_compare_outputs_dtype(definition, expected):
 
 def test_compare_outputs_not_a_tensor(definition, expected):
     got = host(expected)
-    got["lse"] = "not a plain torch.Tensor but numpy.ndarray"
+    got["lse"] = "not a torch.Tensor but numpy.ndarray"
     verdict = compare_outputs(definition, got, expected, "cpu")
     assert verdict.status == "INCORRECT_DTYPE" and "numpy" in verdict.message
 

@@ -1,5 +1,6 @@
 """Starting, talking to and killing a worker process, with timeouts and crash detection."""
 
+import os
 import signal
 import tempfile
 from pathlib import Path
@@ -54,8 +55,17 @@ class WorkerProcess:
             self.process.join(timeout=5)
         self.kill()
 
+    def end_leftover_processes(self) -> int:
+        """Kill processes the solution started that outlived its call; how many there were."""
+        leftovers = [pid for pid in group_members(self.process.pid) if pid != self.process.pid]
+        for pid in leftovers:
+            _kill(pid)
+        return len(leftovers)
+
     def kill(self) -> None:
-        """End the worker at once."""
+        """End the worker and everything left in its process group."""
+        for pid in group_members(self.process.pid):
+            _kill(pid)
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=10)
@@ -63,6 +73,26 @@ class WorkerProcess:
     def close(self) -> None:
         self.stop()
         self.log_path.unlink(missing_ok=True)
+
+
+def group_members(pgid: int | None) -> list[int]:
+    """Processes in a process group, read from /proc (Linux); empty where that is not available."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if pgid is not None and int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def describe_exit(code: int | None) -> str:

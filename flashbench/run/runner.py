@@ -5,6 +5,7 @@ code only ever runs in a worker process (run/worker.py).
 """
 
 import hashlib
+import os
 import shutil
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,6 +27,7 @@ from . import timing
 from .check import Verdict, compare_outputs
 from .process import WorkerCrashed, WorkerProcess, WorkerTimeout
 from .references import reference_outputs
+from ..calibrate import load_calibration
 
 REFERENCE = "reference"
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # over 4x the H200's 60 MB L2
@@ -43,7 +45,9 @@ class RunOptions:
     resume: bool = False
     save: bool = True
     trace_dir: Path | None = None
-    cache_dir: Path | None = None
+    cache_dir: Path | None = None  # builds; told to workers
+    reference_cache_dir: Path | None = None  # reference outputs; never told to workers
+    memory_limit_bytes: int | None = field(default_factory=lambda: default_memory_limit())
 
 
 @dataclass
@@ -58,6 +62,20 @@ class RunResult:
     traces: list[Trace] = field(default_factory=list)
     trace_file: Path | None = None
     skipped: int = 0
+
+
+def default_memory_limit() -> int | None:
+    """Three quarters of the machine's memory for a CPU worker's address space."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_reference_cache() -> Path:
+    """Outside the repository, where solution folders live, and never passed to a worker."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "flashbench" / "references"
 
 
 def default_device() -> str:
@@ -130,20 +148,22 @@ class Runner:
         self.reference_source = reference_candidate(repo, self.definition, self.cache_dir).folder.joinpath("reference.py").read_text()
         self.base_dir = repo.definition_path(self.definition.name).parent
         self.environment = describe_environment(options.device, repo.root)
+        self.reference_cache = options.reference_cache_dir or default_reference_cache()
+        self.calibration = load_calibration(self.trace_file.parent.parent, self.environment["hardware"])
         self.reference_latency: dict[str, float] = {}
-        self._expected: dict[str, list[dict]] = {}
+        self._expected: dict[tuple[str, int, int], dict] = {}
+        self._verified: set[str] = set()
+        self._trace_bytes = b""
 
     def candidates(self, folders: list[SolutionFolder]) -> list[Candidate]:
         reference = reference_candidate(self.repo, self.definition, self.cache_dir)
         return [reference] + [Candidate(f.path, f.solution, content_hash(f.path)) for f in folders]
 
-    def jobs(self, candidates: list[Candidate], workloads: list[Workload]) -> list[tuple[Candidate, Workload]]:
-        return [(c, w) for c in candidates for w in workloads]
-
     def run(self, candidates: list[Candidate], workloads: list[Workload], advance: Callable[[], None] = lambda: None) -> RunResult:
         result = RunResult(trace_file=self.trace_file)
         if self.options.save:
             check_writable(self.trace_file)
+            self._trace_bytes = self.trace_file.read_bytes()
         done = self._recorded() if self.options.resume else {}
         for candidate in candidates:
             pending = []
@@ -156,12 +176,27 @@ class Runner:
                 else:
                     pending.append(workload)
             for trace in self._run_candidate(candidate, pending, advance):
-                self._remember(trace)
                 if self.options.save:
+                    trace = self._guard_trace_file(trace)
                     append_trace(self.trace_file, trace)
+                    self._trace_bytes = self.trace_file.read_bytes()
+                self._remember(trace)
                 result.traces.append(trace)
                 self.on_result(trace)
         return result
+
+    def _guard_trace_file(self, trace: Trace) -> Trace:
+        """Only the runner writes traces: a file changed since its last append is put back, and
+        the solution that ran meanwhile is rejected."""
+        if self.trace_file.read_bytes() == self._trace_bytes:
+            return trace
+        temporary = self.trace_file.with_suffix(".restore")
+        temporary.write_bytes(self._trace_bytes)
+        temporary.replace(self.trace_file)
+        return trace.model_copy(update={
+            "status": "REJECTED", "performance": None,
+            "message": "the trace file changed while this solution ran; it was restored",
+        })
 
     def _recorded(self) -> dict[tuple[str, str], Trace]:
         return {(t.solution_hash, t.workload): t for t in read_traces(self.trace_file)}
@@ -199,7 +234,8 @@ class Runner:
     def _start_worker(self, candidate: Candidate):
         config = {
             "definition": self.definition.model_dump(mode="json"), "solution": candidate.solution.model_dump(mode="json"),
-            "folder": str(candidate.folder), "device": self.options.device, "cache_dir": str(self.cache_dir),
+            "folder": str(candidate.folder), "device": self.options.device, "build_dir": str(self.cache_dir / "build"),
+            "memory_limit_bytes": self.options.memory_limit_bytes,
         }
         worker = WorkerProcess(config)
         try:
@@ -214,10 +250,8 @@ class Runner:
 
     def _run_job(self, worker: WorkerProcess, candidate: Candidate, workload: Workload) -> tuple[Trace, bool]:
         seeds = [self.options.seed + i for i in range(self.options.input_sets)]
-        try:
-            expected = self._expected_outputs(workload, seeds)
-        except (BindingError, ValueError) as exc:
-            raise FlashbenchError(f"workload {workload.label}: {exc}", self.repo.workloads_path(self.definition.name)) from None
+        for seed in seeds:  # settled before the solution runs: nothing it writes can change them
+            self._expected_outputs(workload, seed, 0)
         request = {
             "op": "job", "workload": workload.model_dump(mode="json"), "seeds": seeds, "base_dir": str(self.base_dir),
             "timing": {"method": self.options.timing, "warmup": self.options.warmup, "iters": self.options.iters,
@@ -229,45 +263,73 @@ class Runner:
             return self._trace(candidate, workload, "TIMEOUT", str(exc), log=worker.log_tail()), True
         except WorkerCrashed as exc:
             return self._trace(candidate, workload, "CRASHED", str(exc), log=worker.log_tail()), True
+        leftovers = worker.end_leftover_processes()
+        if leftovers:
+            message = f"left {leftovers} process(es) running after the call; they were killed"
+            return self._trace(candidate, workload, "REJECTED", message, log=worker.log_tail()), True
         if not reply["ok"]:
             # A CUDA error (an illegal address, say) poisons the worker's context: start afresh.
             on_gpu = torch.device(self.options.device).type == "cuda"
             return self._trace(candidate, workload, reply["status"], reply["message"], log=worker.log_tail()), on_gpu
-        verdict = self._verdict(reply, expected)
+        verdict = self._verdict(reply, workload, seeds)
         performance = self._performance(reply, workload, candidate) if verdict.passed else None
-        # Judged only for CUDA events: on a CPU both clocks are the host's and load noise alone can
-        # split them; a graph replay leaves out the launch overhead the wall clock includes.
-        judged = torch.device(self.options.device).type == "cuda" and self.options.timing == "events"
-        if performance is not None and judged and not performance.crosscheck.get("agrees", True):
-            verdict = Verdict("REJECTED", "events and the wall-clock crosscheck disagree: work escaped the timed stream", verdict.errors)
-            performance = None
+        verdict, performance = self._judge_timing(verdict, performance)
         return self._trace(candidate, workload, verdict.status, verdict.message, verdict.errors, performance,
                            log=worker.log_tail()), False
 
-    def _expected_outputs(self, workload: Workload, seeds: list[int]) -> list[dict]:
-        if workload.uuid not in self._expected:
-            self._expected[workload.uuid] = [
-                reference_outputs(self.definition, self.reference, self.reference_source, workload, seed,
-                                  self.options.device, self.base_dir, self.cache_dir)
-                for seed in seeds
-            ]
-        return self._expected[workload.uuid]
+    def _expected_outputs(self, workload: Workload, seed: int, variant: int) -> dict:
+        """Variant 0 comes from the disk cache (one entry per workload recomputed each run to
+        check it); redrawn variants are computed here and kept in memory only, so nothing a
+        solution writes to disk can stand in for them."""
+        key = (workload.uuid, seed, variant)
+        if key not in self._expected:
+            cache = self.reference_cache if variant == 0 else None
+            try:
+                self._expected[key] = reference_outputs(
+                    self.definition, self.reference, self.reference_source, workload, seed, self.options.device,
+                    self.base_dir, cache, variant, verify=workload.uuid not in self._verified,
+                )
+            except (BindingError, ValueError) as exc:
+                raise FlashbenchError(f"workload {workload.label}: {exc}", self.repo.workloads_path(self.definition.name)) from None
+            self._verified.add(workload.uuid)
+        return self._expected[key]
 
-    def _verdict(self, reply: dict, expected: list[dict]) -> Verdict:
+    def _verdict(self, reply: dict, workload: Workload, seeds: list[int]) -> Verdict:
+        if reply["timer_tampered"]:
+            return Verdict("REJECTED", f"the solution replaced timing functions: {', '.join(reply['timer_tampered'])}")
         if reply["inputs_mutated"]:
             return Verdict("REJECTED", f"the solution modified its inputs: {', '.join(sorted(set(reply['inputs_mutated'])))}")
         device_type = torch.device(self.options.device).type
-        checks = [(f"input set {i}", got, expected[i]) for i, got in enumerate(reply["outputs"])]
-        checks.append(("a repeated call on input set 0", reply["rerun"], expected[0]))
-        checks += [(f"the timed calls on input set {i}", got, expected[i]) for i, got in enumerate(reply.get("timed_outputs", []))]
         first = None
-        for label, got, want in checks:
-            verdict = compare_outputs(self.definition, got, want, device_type)
+        for i, check in enumerate(reply["checked"]):
+            expected = self._expected_outputs(workload, seeds[check["set"]], check["variant"])
+            verdict = compare_outputs(self.definition, check["outputs"], expected, device_type)
             first = first or verdict
             if not verdict.passed:
+                label = f"input set {check['set']}" if i < len(seeds) else f"the timed calls on input set {check['set']}"
                 verdict.message = f"{label}: {verdict.message}"
                 return verdict
+        first_call = {name: value["tensor"] for name, value in reply["checked"][0]["outputs"].items()}
+        again = compare_outputs(self.definition, reply["rerun"]["outputs"], first_call, device_type)
+        if not again.passed:
+            return Verdict("REJECTED", f"outputs change between identical calls: {again.message}")
         return first
+
+    def _judge_timing(self, verdict: Verdict, performance: Performance | None):
+        """Reject timings that cannot be true: work outside the timed stream, or faster than physics."""
+        if performance is None:
+            return verdict, None
+        # Judged only for CUDA events: on a CPU both clocks are the host's and load noise alone can
+        # split them; a graph replay leaves out the launch overhead the wall clock includes.
+        judged = torch.device(self.options.device).type == "cuda" and self.options.timing == "events"
+        if judged and not performance.crosscheck.get("agrees", True):
+            return Verdict("REJECTED", "events and the wall-clock crosscheck disagree: work escaped the timed stream",
+                           verdict.errors), None
+        floor = self.calibration.floor_ms(performance.bytes, performance.flops) if self.calibration else None
+        if floor and performance.latency_ms < floor:
+            message = f"{performance.latency_ms * 1e3:.2f} µs is faster than the speed-of-light floor {floor * 1e3:.2f} µs"
+            return Verdict("REJECTED", message, verdict.errors), None
+        return verdict, performance
 
     def _performance(self, reply: dict, workload: Workload, candidate: Candidate) -> Performance | None:
         if "samples" not in reply:

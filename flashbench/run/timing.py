@@ -18,6 +18,22 @@ _synchronize = torch.cuda.synchronize
 _CUDAGraph = torch.cuda.CUDAGraph
 _graph = torch.cuda.graph
 
+# What a solution might patch to fake its timings, as found before any solution code ran.
+_WATCHED = [(obj, attr, getattr(obj, attr)) for obj, attr in [
+    (time, "perf_counter"), (torch.cuda, "synchronize"), (torch.cuda, "Event"), (torch.cuda, "CUDAGraph"),
+    (torch.cuda.Event, "record"), (torch.cuda.Event, "elapsed_time"), (torch.cuda.Event, "synchronize"),
+    (torch.cuda.CUDAGraph, "replay"), (torch.cuda.Stream, "synchronize"),
+]]
+_CAPTURED = {"_perf_counter": _perf_counter, "_Event": _Event, "_synchronize": _synchronize,
+             "_CUDAGraph": _CUDAGraph, "_graph": _graph}
+
+
+def tampered() -> list[str]:
+    """Names of timing functions that no longer are what they were when this module loaded."""
+    changed = [f"{getattr(obj, '__name__', obj)}.{attr}" for obj, attr, original in _WATCHED
+               if getattr(obj, attr) is not original]
+    return changed + [f"flashbench timing.{name}" for name, original in _CAPTURED.items() if globals()[name] is not original]
+
 Call = Callable[[int], None]  # runs the solution on input set i
 Prepare = Callable[[int], None]  # poisons set i's outputs before a call
 

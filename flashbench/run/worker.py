@@ -8,6 +8,7 @@ log file that the runner only shows, never parses.
 
 import os
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -18,16 +19,19 @@ from ..binding import bind_axes, output_shapes
 from ..build import BuildError, load_entry_point
 from ..dtypes import is_float, torch_dtype
 from ..model import Definition, Solution, Workload
-from ..workloads import generate_inputs
+from ..workloads import generate_inputs, random_inputs, redraw_random_inputs
 
 
 def worker_main(conn, log_path: str, config: dict) -> None:
     _die_with_parent()
+    os.setsid()  # a group of its own: whatever the solution starts can be found and ended with it
+    os.chdir(tempfile.mkdtemp(prefix="flashbench-worker-"))  # relative paths lead nowhere useful
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     if config["device"] == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # Triton kernels run on CPU under the interpreter
+        _limit_memory(config.get("memory_limit_bytes"))
     worker = Worker(config)
     while True:
         try:
@@ -58,13 +62,21 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def _limit_memory(limit: int | None) -> None:
+    """On a CPU a runaway allocation fails in the worker instead of waking the OOM killer."""
+    if limit:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 class Worker:
     def __init__(self, config: dict):
         self.definition = Definition.model_validate(config["definition"])
         self.solution = Solution.model_validate(config["solution"])
         self.folder = Path(config["folder"])
         self.device = config["device"]
-        self.cache_dir = Path(config["cache_dir"])
+        self.build_dir = Path(config["build_dir"])
         self.entry = None
 
     def handle(self, request: dict) -> dict:
@@ -72,13 +84,15 @@ class Worker:
             if request["op"] == "build":
                 return self.build()
             return self.run_job(request)
+        except SystemExit as exc:  # sys.exit() in solution code: an error, not the end of the worker
+            return {"ok": False, "status": "RUNTIME_ERROR", "message": f"the solution called sys.exit({exc.code!r})"}
         except Exception as exc:  # the solution failed; report it, stay alive for the next job
             print(traceback.format_exc(), flush=True)
             return {"ok": False, "status": "RUNTIME_ERROR", "message": _summary(exc)}
 
     def build(self) -> dict:
         try:
-            self.entry = load_entry_point(self.folder, self.solution, self.cache_dir)
+            self.entry = load_entry_point(self.folder, self.solution, self.build_dir)
         except BuildError as exc:
             print(traceback.format_exc(), flush=True)
             status = "COMPILE_ERROR" if self.solution.language == "cuda" else "INVALID_SOLUTION"
@@ -86,35 +100,51 @@ class Worker:
         return {"ok": True}
 
     def run_job(self, request: dict) -> dict:
+        """First calls on every input set (variant 0), a repeated call on set 0, then the timed
+        calls, each on a fresh redraw of its set's random inputs. Every checked output comes back
+        with the (set, variant) whose inputs produced it."""
         workload = Workload.model_validate(request["workload"])
         base_dir = Path(request["base_dir"])
-        sets = [generate_inputs(self.definition, workload, seed, self.device, base_dir) for seed in request["seeds"]]
+        seeds = request["seeds"]
+        sets = [generate_inputs(self.definition, workload, seed, self.device, base_dir) for seed in seeds]
         shapes = output_shapes(self.definition, bind_axes(self.definition, sets[0]))
         outputs = [self.allocate_outputs(shapes) for _ in sets]
         pristine = [_clone(s) for s in sets]
+        redrawn = random_inputs(self.definition, workload)
+        variants = [0] * len(sets)
+        results: list = [None] * len(sets)
 
-        def prepare(i: int) -> None:
+        def poison(i: int) -> None:
             for tensor in outputs[i].values():
                 _poison(tensor)
 
-        results: list = [None] * len(sets)
+        def fresh_inputs(i: int) -> None:
+            variants[i] += 1
+            redraw_random_inputs(self.definition, workload, sets[i], redrawn, seeds[i], variants[i])
+            for name in redrawn:
+                pristine[i][name].copy_(sets[i][name])
+            poison(i)
 
         def call(i: int) -> None:
             results[i] = self.call(sets[i], outputs[i])
 
-        first = []
+        def snapshot(i: int) -> dict:
+            return {"set": i, "variant": variants[i], "outputs": _to_host(results[i], sets[i])}
+
+        checked = []
         for i in range(len(sets)):
-            prepare(i)
+            poison(i)
             call(i)
-            first.append(_to_host(results[i]))
-        prepare(0)
+            checked.append(snapshot(i))
+        poison(0)
         call(0)
-        rerun = _to_host(results[0])
-        reply = {"ok": True, "outputs": first, "rerun": rerun}
+        reply = {"ok": True, "rerun": snapshot(0), "inputs_mutated": _mutated(sets, pristine)}
         if request.get("timing"):
-            timed_outputs = lambda: [_to_host(r) for r in results]  # noqa: E731
-            reply.update(self.measure(call, prepare, len(sets), request["timing"], timed_outputs))
-        reply["inputs_mutated"] = [name for s, p in zip(sets, pristine) for name in _changed(s, p)]
+            timed = lambda: [snapshot(i) for i in range(len(sets))]  # noqa: E731
+            reply.update(self.measure(call, fresh_inputs, len(sets), request["timing"], timed))
+            reply["inputs_mutated"] += _mutated(sets, pristine)
+        reply["checked"] = checked + reply.pop("timed_outputs", [])
+        reply["timer_tampered"] = timing.tampered()
         return reply
 
     def allocate_outputs(self, shapes: dict[str, list[int]]) -> dict[str, torch.Tensor]:
@@ -163,12 +193,23 @@ def _poison(tensor: torch.Tensor) -> None:
         tensor.fill_(torch.iinfo(tensor.dtype).min)
 
 
-def _to_host(outputs: dict) -> dict:
-    """Plain CPU copies for the runner; anything that is not a plain tensor is described instead."""
+def _to_host(outputs: dict, inputs: dict) -> dict:
+    """Plain CPU copies for the runner; anything else (a tensor subclass, a view of an input) is
+    described instead, without calling into it."""
+    storages = {name: value.untyped_storage().data_ptr() for name, value in inputs.items()
+                if isinstance(value, torch.Tensor) and value.untyped_storage().nbytes()}
     host = {}
     for name, value in outputs.items():
-        if type(value) is not torch.Tensor:
-            host[name] = f"not a plain torch.Tensor but {type(value).__module__}.{type(value).__qualname__}"
+        kind = f"{type(value).__module__}.{type(value).__qualname__}"
+        if not isinstance(value, torch.Tensor):
+            host[name] = f"not a torch.Tensor but {kind}"
+            continue
+        if type(value) is not torch.Tensor:  # a subclass could compute, or change, on inspection
+            host[name] = {"rejected": f"a torch.Tensor subclass {kind}; outputs must be plain tensors"}
+            continue
+        aliased = [k for k, ptr in storages.items() if value.untyped_storage().data_ptr() == ptr]
+        if aliased:
+            host[name] = {"rejected": f"a view of input {aliased[0]}"}
         else:
             host[name] = {"tensor": value.detach().to("cpu", copy=True).contiguous(), "device": value.device.type}
     return host
@@ -178,8 +219,9 @@ def _clone(inputs: dict) -> dict:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
-def _changed(inputs: dict, pristine: dict) -> list[str]:
-    return [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and not torch.equal(v, pristine[k])]
+def _mutated(sets: list[dict], pristine: list[dict]) -> list[str]:
+    return [k for s, p in zip(sets, pristine) for k, v in s.items()
+            if isinstance(v, torch.Tensor) and not torch.equal(v, p[k])]
 
 
 def _summary(exc: BaseException) -> str:

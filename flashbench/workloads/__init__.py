@@ -14,11 +14,12 @@ import torch
 
 from ..binding import BindingError, bind_axes
 from ..model import Definition, Workload
-from ..model.workload import SafetensorsInput, ScalarInput
+from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 from .generators import GENERATORS, sample_lengths
 from .tensors import DEFAULT_RANDOM, random_tensor, safetensors_tensor, scalar_value
 
-__all__ = ["GENERATORS", "derive_seed", "generate_inputs", "sample_lengths", "structured_inputs"]
+__all__ = ["GENERATORS", "derive_seed", "generate_inputs", "random_inputs", "redraw_random_inputs", "sample_lengths",
+           "structured_inputs"]
 
 
 def derive_seed(*parts: object) -> int:
@@ -28,9 +29,13 @@ def derive_seed(*parts: object) -> int:
 
 
 def generate_inputs(
-    definition: Definition, workload: Workload, seed: int, device: str = "cpu", base_dir: Path = Path(".")
+    definition: Definition, workload: Workload, seed: int, device: str = "cpu", base_dir: Path = Path("."),
+    variant: int = 0,
 ) -> dict[str, Any]:
-    """Every input of `workload` on `device`, checked against the definition's shapes and constraints."""
+    """Every input of `workload` on `device`, checked against the definition's shapes and constraints.
+
+    `variant` > 0 redraws the random inputs alone (same shapes, same index structure): the timing
+    loop gives every call fresh data this way, so no cache of earlier outputs can answer it."""
     inputs, axes = structured_inputs(workload, device)
     both = sorted(set(inputs) & set(workload.inputs))
     if both:
@@ -49,12 +54,37 @@ def generate_inputs(
             if spec.shape is None:
                 raise BindingError(f"input {name} is a scalar; give it as {{type: scalar, value: ...}}")
             shape = _concrete_shape(name, spec.shape, axes)
-            inputs[name] = random_tensor(descriptor, shape, spec.dtype, derive_seed(seed, workload.uuid, name), device)
+            inputs[name] = random_tensor(descriptor, shape, spec.dtype, random_seed(seed, workload, name, variant), device)
     bound = bind_axes(definition, inputs)
     for axis, value in workload.axes.items():
         if bound.get(axis) != value:
             raise BindingError(f"axes.{axis} is {value} in the workload but the inputs give {bound.get(axis)}")
     return inputs
+
+
+def random_seed(seed: int, workload: Workload, name: str, variant: int) -> int:
+    return derive_seed(seed, workload.uuid, name, *([variant] if variant else []))
+
+
+def random_inputs(definition: Definition, workload: Workload) -> list[str]:
+    """Inputs drawn from `random` descriptors (explicit or by default), not by a generator."""
+    generated = set(structured_inputs(workload, "meta")[0])
+    return [
+        name for name, spec in definition.inputs.items()
+        if spec.shape is not None and name not in generated
+        and isinstance(workload.inputs.get(name, DEFAULT_RANDOM), RandomInput)
+    ]
+
+
+def redraw_random_inputs(definition: Definition, workload: Workload, inputs: dict[str, Any], names: list[str],
+                         seed: int, variant: int) -> None:
+    """Overwrite the named random inputs in place with variant `variant` of their data."""
+    for name in names:
+        tensor = inputs[name]
+        descriptor = workload.inputs.get(name, DEFAULT_RANDOM)
+        fresh = random_tensor(descriptor, list(tensor.shape), definition.inputs[name].dtype,
+                              random_seed(seed, workload, name, variant), str(tensor.device))
+        tensor.copy_(fresh)
 
 
 def structured_inputs(workload: Workload, device: str) -> tuple[dict[str, Any], dict[str, int]]:

@@ -1,0 +1,66 @@
+"""The H200 traces committed under traces/nvidia_h200 as a second data set: the boards built from
+them agree with figures computed here by hand from the raw records."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from flashbench import Repo
+from flashbench.leaderboard import compare, leaderboards
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "traces"
+DECODE = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+PREFILL = "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"
+
+
+def latencies(definition: str) -> dict[str, dict[str, float]]:
+    """solution -> workload uuid -> latency_ms, the latest record of each pair, straight from JSON."""
+    table: dict[str, dict[str, float]] = {}
+    for line in (TRACES / "nvidia_h200" / f"{definition}.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["status"] == "PASSED":
+            table.setdefault(record["solution"], {})[record["workload"]] = record["performance"]["latency_ms"]
+    return table
+
+
+def board_for(definition: str):
+    workloads = Repo(ROOT).workload_set(definition).workloads
+    (board,) = leaderboards(TRACES, definition, workloads, hardware="nvidia_h200")
+    return board
+
+
+@pytest.mark.parametrize("definition", [DECODE, PREFILL])
+def test_every_h200_record_passed_and_is_counted(definition):
+    board = board_for(definition)
+    ranking = board.ranking.set_index("solution")
+    workloads = len(Repo(ROOT).workload_set(definition).workloads)
+    assert set(ranking.index) == {"reference", "torch_vectorized", "triton_" + ("splitkv" if definition == DECODE else "causal"), "flashinfer_fa3"}
+    assert (ranking["passed"] == workloads).all() and (ranking["total"] == workloads).all()
+
+
+def test_decode_figures_match_a_hand_computation():
+    table = latencies(DECODE)
+    board = board_for(DECODE)
+    ranking = board.ranking.set_index("solution")
+    assert board.baseline == "flashinfer_fa3"  # the faster of the two solutions tagged baseline
+    uuids = list(table["reference"])
+    for solution in ("triton_splitkv", "flashinfer_fa3", "torch_vectorized"):
+        ratios = [table["reference"][u] / table[solution][u] for u in uuids]
+        geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        assert ranking.loc[solution, "speedup_vs_reference"] == pytest.approx(geomean, rel=1e-9)
+    wins = [u for u in uuids if table["flashinfer_fa3"][u] / table["triton_splitkv"][u] > 1.0]
+    assert ranking.loc["triton_splitkv", "fast_1.0"] == pytest.approx(len(wins) / len(uuids))
+    assert ranking.loc["triton_splitkv", "win_rate"] == pytest.approx(len(wins) / len(uuids))
+    assert list(board.ranking["solution"])[0] == "flashinfer_fa3"
+
+
+def test_compare_on_h200_decode_summarises_every_workload():
+    comparison = compare(TRACES, DECODE, "flashinfer_fa3", "triton_splitkv",
+                         Repo(ROOT).workload_set(DECODE).workloads, hardware="nvidia_h200")
+    (only,) = comparison if isinstance(comparison, list) else [comparison]
+    verdicts = only.table["verdict"].tolist()
+    assert len(verdicts) == len(Repo(ROOT).workload_set(DECODE).workloads)
+    assert "triton_splitkv" in only.summary

@@ -28,10 +28,7 @@ def calibrate(device: str, root: Path, copy_bytes: int | None = None, matmul_siz
     on_gpu = torch.device(device).type == "cuda"
     copy_bytes = copy_bytes or (4 << 30 if on_gpu else 64 << 20)
     matmul_size = matmul_size or (8192 if on_gpu else 512)
-    source = torch.randint(0, 255, (copy_bytes,), dtype=torch.uint8, device=device)
-    target = torch.empty_like(source)
-    copy_ms = _median_ms(lambda: target.copy_(source), device, repeats)
-    del source, target
+    copy_ms = _copy_ms(copy_bytes, device, repeats)
     a = torch.randn(matmul_size, matmul_size, device=device, dtype=torch.bfloat16)
     b = torch.randn(matmul_size, matmul_size, device=device, dtype=torch.bfloat16)
     matmul_ms = _median_ms(lambda: a @ b, device, repeats)
@@ -51,6 +48,12 @@ def save_calibration(calibration: Calibration, trace_dir: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(calibration.model_dump_json(indent=2) + "\n")
     return path
+
+
+def _copy_ms(nbytes: int, device: str, repeats: int) -> float:
+    source = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    return _median_ms(lambda: target.copy_(source), device, repeats)
 
 
 def _median_ms(operation, device: str, repeats: int) -> float:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..binding import BindingError, bind_axes
 from ..model import Definition, Workload

@@ -4,6 +4,7 @@ copy of the repository so nothing is written into the real one."""
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from flashbench.cli import main
@@ -66,3 +67,25 @@ def test_submit_of_an_invalid_folder_exits_2_before_running(module_repo):
     assert "does_not_exist" in result.output
     assert "results" not in result.output  # rejected by validation, nothing was run
     assert not (module_repo / "solutions" / DEFINITION / "bad_entry").exists()
+
+
+def test_run_on_two_cpu_devices(module_repo, tmp_path):
+    result = invoke(module_repo, "run", "--def", "mla_paged_decode", "--solution", str(FIXTURES / "correct_dps"),
+                    "--workload", "smoke_mixed", "--trace-dir", str(tmp_path), "--devices", "cpu:2", *FAST[2:])
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if "PASSED" in line]
+    assert len(rows) == 2 and "reference" in rows[0] and "correct_dps" in rows[1]
+    (trace_file,) = tmp_path.glob(f"*/{DEFINITION}.jsonl")
+    assert len(trace_file.read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--device", "cpu", "--devices", "cpu:2"], "give --device or --devices, not both"),
+    (["--devices", "cpu:2", "--backend", "ray"], "--devices is for the local backend"),
+    (["--address", "auto"], "--address is for --backend ray"),
+    (["--devices", "gpu0"], "'gpu0' is not all, a GPU index, cuda:N, cpu or cpu:N"),
+])
+def test_device_options_that_do_not_fit_are_one_line_and_exit_2(module_repo, tmp_path, arguments, message):
+    result = invoke(module_repo, "run", "--def", "mla_paged_decode", "--trace-dir", str(tmp_path), *arguments)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output

@@ -9,20 +9,42 @@ from rich.table import Table
 
 from ..errors import FlashbenchError
 from ..registry import load_solution_folder
-from ..run import RunOptions, Runner, default_device, install_solution, select_solutions, select_workloads
+from ..run import RunOptions, Runner, default_device, install_solution, parse_devices, select_solutions, select_workloads
 from . import console, main, repo_from
 
 STATUS_STYLE = {"PASSED": "green", "MISSING_DEPENDENCY": "yellow"}
 
 
-def run_options(device, warmup, iters, seed, timeout, timing, resume, save, trace_dir) -> RunOptions:
-    device = device or default_device()
+def run_options(device, warmup, iters, seed, timeout, timing, resume, save, trace_dir,
+                devices=None, backend="local", address=None) -> RunOptions:
+    pool = device_pool(device, devices, backend, address)
+    device = pool[0] if pool else device or default_device()
     on_cpu = device == "cpu"
     return RunOptions(
-        device=device, warmup=warmup if warmup is not None else (1 if on_cpu else 10),
+        device=device, devices=pool, backend=backend, ray_address=address,
+        warmup=warmup if warmup is not None else (1 if on_cpu else 10),
         iters=iters if iters is not None else (5 if on_cpu else 100), seed=seed, timeout=timeout,
         timing=timing, resume=resume, save=save, trace_dir=trace_dir,
     )
+
+
+def device_pool(device, devices, backend, address) -> list[str] | None:
+    if address and backend != "ray":
+        raise FlashbenchError("--address is for --backend ray")
+    if devices is None:
+        return None
+    if device:
+        raise FlashbenchError("give --device or --devices, not both")
+    if backend == "ray":
+        raise FlashbenchError("--devices is for the local backend; Ray gives every job a device of its own")
+    return parse_devices(devices)
+
+
+def device_label(options: RunOptions) -> str:
+    if options.backend == "ray":
+        return f"Ray ({'GPUs' if options.device.startswith('cuda') else 'CPUs'})"
+    devices = options.devices or [options.device]
+    return devices[0] if len(devices) == 1 else f"{len(devices)} devices ({', '.join(devices)})"
 
 
 def execute(repo, definition_name, folders, workloads, options) -> list:
@@ -30,7 +52,7 @@ def execute(repo, definition_name, folders, workloads, options) -> list:
     candidates = runner.candidates(folders)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
-        task = progress.add_task(f"{runner.definition.name} on {options.device}", total=len(candidates) * len(workloads))
+        task = progress.add_task(f"{runner.definition.name} on {device_label(options)}", total=len(candidates) * len(workloads))
         result = runner.run(candidates, workloads, advance=lambda: progress.advance(task))
     print_summary(result.traces)
     if result.skipped:
@@ -85,15 +107,23 @@ def timing_options(func):
 @click.option("--solution", "solutions", multiple=True, help="Solution name or folder (repeatable; default: all).")
 @click.option("--workload", "workloads", multiple=True, help="Workload uuid, name or tag (repeatable; default: all, or 'smoke' on CPU).")
 @timing_options
+@click.option("--devices", default=None,
+              help="Spread the jobs over devices, one job per device at a time: all (every GPU), 0,1,... or "
+                   "cuda:N,..., or cpu:N for N CPU devices (for trying the pool without a GPU).")
+@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: worker processes on this machine; ray: one Ray task per job, each holding a GPU.")
+@click.option("--address", default=None, help="With --backend ray: the cluster to join (default: a local Ray instance).")
 @click.option("--resume", is_flag=True, help="Skip pairs already recorded for the same solution content and hardware.")
 @click.option("--no-save", is_flag=True, help="Do not write traces.")
 @click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default: traces/ in the repo.")
 @click.pass_context
-def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, timeout, timing, resume, no_save, trace_dir):
+def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, timeout, timing, devices, backend, address,
+        resume, no_save, trace_dir):
     """Check and time solutions of a definition on its workloads; record traces."""
     repo = repo_from(ctx)
     name = repo.resolve(definition)
-    options = run_options(device, warmup, iters, seed, timeout, timing, resume, not no_save, trace_dir)
+    options = run_options(device, warmup, iters, seed, timeout, timing, resume, not no_save, trace_dir,
+                          devices, backend, address)
     execute(repo, name, select_solutions(repo, name, list(solutions)), select_workloads(repo, name, list(workloads), options.device), options)
 
 

@@ -3,11 +3,17 @@
 import os
 import signal
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.multiprocessing as mp
 
 from .worker import worker_main
+
+
+# The device check runs no solution code, so --timeout does not apply to it; it includes the
+# worker's start (importing torch, creating the CUDA context) on a possibly busy host.
+DEVICE_CHECK_TIMEOUT_S = 120.0
 
 
 class WorkerTimeout(Exception):
@@ -16,6 +22,21 @@ class WorkerTimeout(Exception):
 
 class WorkerCrashed(Exception):
     pass
+
+
+class DeviceUnusable(Exception):
+    """A worker could not use its device: the check it makes before any solution code runs failed."""
+
+
+@dataclass
+class Outcome:
+    """A worker's answer to one request, or why there is none."""
+
+    reply: dict | None = None
+    status: str = ""  # without a reply: TIMEOUT, CRASHED, REJECTED or the status the worker reported
+    message: str = ""
+    log: str = ""
+    ended: bool = False  # the worker is gone, or must not be used again
 
 
 class WorkerProcess:
@@ -73,6 +94,50 @@ class WorkerProcess:
     def close(self) -> None:
         self.stop()
         self.log_path.unlink(missing_ok=True)
+
+
+def ask(worker: WorkerProcess, request: dict, timeout: float) -> Outcome:
+    try:
+        reply = worker.request(request, timeout)
+    except WorkerTimeout as exc:
+        return Outcome(status="TIMEOUT", message=str(exc), log=worker.log_tail(), ended=True)
+    except WorkerCrashed as exc:
+        return Outcome(status="CRASHED", message=str(exc), log=worker.log_tail(), ended=True)
+    if not reply["ok"]:
+        return Outcome(status=reply["status"], message=reply["message"], log=worker.log_tail())
+    return Outcome(reply=reply, log=worker.log_tail())
+
+
+def start_worker(config: dict, timeout: float) -> tuple[WorkerProcess, Outcome | None]:
+    """A worker that checked its device and built the solution, and the build's failure if it
+    failed. A failed device check is the device's fault, not the solution's: DeviceUnusable."""
+    try:
+        worker = WorkerProcess(config)
+    except OSError as exc:
+        raise DeviceUnusable(f"its worker could not start: {exc}") from None
+    probe = ask(worker, {"op": "probe"}, DEVICE_CHECK_TIMEOUT_S)
+    if probe.reply is None:
+        worker.close()
+        raise DeviceUnusable(f"the device check failed: {probe.message}")
+    build = ask(worker, {"op": "build"}, timeout)
+    if build.reply is not None:
+        return worker, None
+    if build.ended:
+        build.message = f"build: {build.message}"
+    return worker, build
+
+
+def run_job(worker: WorkerProcess, request: dict, timeout: float, on_gpu: bool) -> Outcome:
+    outcome = ask(worker, request, timeout)
+    if outcome.ended:
+        return outcome
+    leftovers = worker.end_leftover_processes()
+    if leftovers:
+        message = f"left {leftovers} process(es) running after the call; they were killed"
+        return Outcome(status="REJECTED", message=message, log=worker.log_tail(), ended=True)
+    # A CUDA error (an illegal address, say) poisons the worker's context: start afresh.
+    outcome.ended = outcome.reply is None and on_gpu
+    return outcome
 
 
 def group_members(pgid: int | None) -> list[int]:

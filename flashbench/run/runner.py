@@ -1,16 +1,19 @@
 """`flashbench run`: every (solution, workload) pair through build, check and timing, into traces.
 
 The runner process holds the reference outputs, the checker and the trace writer; solution
-code only ever runs in a worker process (run/worker.py).
+code only ever runs in a worker process (run/worker.py). A job is one (candidate, workload)
+pair; the jobs run on a pool of devices (run/pool.py, one device by default) or as Ray tasks
+(run/ray_backend.py), and the thread that called `Runner.run` alone records their traces.
 """
 
 import hashlib
 import os
 import shutil
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -23,19 +26,24 @@ from ..model import Definition, Performance, Solution, Trace, Workload
 from ..registry import Repo, SolutionFolder, load_solution_folder
 from ..traces import append_trace, check_writable, read_traces, trace_path
 from ..workloads import generate_inputs
-from . import timing
+from . import process, timing
 from .check import Verdict, compare_outputs
-from .process import WorkerCrashed, WorkerProcess, WorkerTimeout
+from .process import DeviceUnusable, Outcome, WorkerProcess
 from .references import reference_outputs
 from ..calibrate import load_calibration
 
 REFERENCE = "reference"
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # over 4x the H200's 60 MB L2
+TRACE_FILE_CHANGED = "the trace file changed while this solution ran; it was restored"
+BACKENDS = ("local", "ray")
 
 
 @dataclass
 class RunOptions:
-    device: str = "cpu"
+    device: str = "cpu"  # names the hardware (and so the trace file); references run on its type
+    devices: list[str] | None = None  # the pool the jobs are spread over; None: [device]
+    backend: str = "local"  # local: the pool, in this process; ray: Ray tasks
+    ray_address: str | None = None  # None: a Ray instance of this machine's own
     warmup: int = 5
     iters: int = 50
     seed: int = 0
@@ -55,6 +63,15 @@ class Candidate:
     folder: Path
     solution: Solution
     hash: str
+
+
+@dataclass
+class Job:
+    """One (candidate, workload) pair: what a device times, one at a time."""
+
+    index: int
+    candidate: Candidate
+    workload: Workload
 
 
 @dataclass
@@ -150,23 +167,46 @@ class Runner:
         self.environment = describe_environment(options.device, repo.root)
         self.reference_cache = options.reference_cache_dir or default_reference_cache()
         self.calibration = load_calibration(self.trace_file.parent.parent, self.environment["hardware"])
+        self.devices = list(options.devices or [options.device])
+        self.on_gpu = torch.device(options.device).type == "cuda"
         self.reference_latency: dict[str, float] = {}
         self._expected: dict[tuple[str, int, int], dict] = {}
         self._verified: set[str] = set()
         self._trace_bytes = b""
+        # Shared by the device threads: reference outputs under one lock (also one writer per
+        # cache file), what each device is and which candidates cannot run, under another.
+        self._reference_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._environments = {options.device: self.environment}
+        self._failures: dict[tuple[str, str], Outcome] = {}
+        self._tainted: set[int] = set()
+        self._backend = None
 
     def candidates(self, folders: list[SolutionFolder]) -> list[Candidate]:
         reference = reference_candidate(self.repo, self.definition, self.cache_dir)
         return [reference] + [Candidate(f.path, f.solution, content_hash(f.path)) for f in folders]
 
     def run(self, candidates: list[Candidate], workloads: list[Workload], advance: Callable[[], None] = lambda: None) -> RunResult:
+        """Every (candidate, workload) job. The reference's jobs run first (across the pool) and
+        the others only once those are recorded, so every speedup has its reference latency."""
         result = RunResult(trace_file=self.trace_file)
         if self.options.save:
             check_writable(self.trace_file)
             self._trace_bytes = self.trace_file.read_bytes()
+        jobs = self._pending_jobs(candidates, workloads, result, advance)
+        first = [job for job in jobs if job.candidate.solution.name == REFERENCE]
+        then = [job for job in jobs if job.candidate.solution.name != REFERENCE]
+        with self._open_backend() as backend:
+            for phase in (first, then):
+                for job, trace in backend.run(phase):
+                    advance()
+                    self._record(job, trace, result, backend.running())
+        return result
+
+    def _pending_jobs(self, candidates, workloads, result: RunResult, advance) -> list[Job]:
         done = self._recorded() if self.options.resume else {}
+        jobs = []
         for candidate in candidates:
-            pending = []
             for workload in workloads:
                 previous = done.get((candidate.hash, workload.uuid))
                 if previous is not None:
@@ -174,16 +214,34 @@ class Runner:
                     self._remember(previous)
                     advance()
                 else:
-                    pending.append(workload)
-            for trace in self._run_candidate(candidate, pending, advance):
-                if self.options.save:
-                    trace = self._guard_trace_file(trace)
-                    append_trace(self.trace_file, trace)
-                    self._trace_bytes = self.trace_file.read_bytes()
-                self._remember(trace)
-                result.traces.append(trace)
-                self.on_result(trace)
-        return result
+                    jobs.append(Job(len(jobs), candidate, workload))
+        return jobs
+
+    def _open_backend(self):
+        if self.options.backend == "ray":
+            from .ray_backend import RayBackend
+            self._backend = RayBackend(self)
+        elif self.options.backend == "local":
+            from .pool import DevicePool
+            self._backend = DevicePool(self, self.devices)
+        else:
+            raise FlashbenchError(f"no backend {self.options.backend!r}; known: {', '.join(BACKENDS)}")
+        return self._backend
+
+    def _record(self, job: Job, trace: Trace, result: RunResult, running: set[int]) -> None:
+        """Append a trace: only ever from the thread that called `run`."""
+        if job.index in self._tainted:
+            trace = _rejected(trace, TRACE_FILE_CHANGED)
+        if self.options.save:
+            guarded = self._guard_trace_file(trace)
+            if guarded is not trace:  # any job running alongside may have written it: trust none
+                self._tainted |= running - {job.index}
+            trace = guarded
+            append_trace(self.trace_file, trace)
+            self._trace_bytes = self.trace_file.read_bytes()
+        self._remember(trace)
+        result.traces.append(trace)
+        self.on_result(trace)
 
     def _guard_trace_file(self, trace: Trace) -> Trace:
         """Only the runner writes traces: a file changed since its last append is put back, and
@@ -193,10 +251,7 @@ class Runner:
         temporary = self.trace_file.with_suffix(".restore")
         temporary.write_bytes(self._trace_bytes)
         temporary.replace(self.trace_file)
-        return trace.model_copy(update={
-            "status": "REJECTED", "performance": None,
-            "message": "the trace file changed while this solution ran; it was restored",
-        })
+        return _rejected(trace, TRACE_FILE_CHANGED)
 
     def _recorded(self) -> dict[tuple[str, str], Trace]:
         return {(t.solution_hash, t.workload): t for t in read_traces(self.trace_file)}
@@ -205,96 +260,110 @@ class Runner:
         if trace.solution == REFERENCE and trace.performance is not None:
             self.reference_latency[trace.workload] = trace.performance.latency_ms
 
-    def _run_candidate(self, candidate: Candidate, workloads: list[Workload], advance):
-        if not workloads:
-            return
-        missing = missing_dependencies(candidate.solution)
-        if missing:
-            for workload in workloads:
-                advance()
-                yield self._trace(candidate, workload, "MISSING_DEPENDENCY", f"not installed: {', '.join(missing)}")
-            return
-        worker, failure = self._start_worker(candidate)
-        try:
-            for workload in workloads:
-                if failure is not None:
-                    status, message, log = failure
-                    advance()
-                    yield self._trace(candidate, workload, status, message, log=log)
-                    continue
-                trace, died = self._run_job(worker, candidate, workload)
-                advance()
-                yield trace
-                if died:
-                    worker.close()
-                    worker, failure = self._start_worker(candidate)
-        finally:
-            worker.close()
+    # One job on one device; called from the device threads (or, for Ray, with the task's answer).
 
-    def _start_worker(self, candidate: Candidate):
-        config = {
+    def known_failure(self, candidate: Candidate) -> Outcome | None:
+        """Why `candidate` cannot run at all, once known: a missing dependency or a failed build."""
+        key = (str(candidate.folder), candidate.hash)
+        with self._state_lock:
+            if key not in self._failures:
+                missing = missing_dependencies(candidate.solution)
+                if missing:
+                    self._failures[key] = Outcome(status="MISSING_DEPENDENCY", message=f"not installed: {', '.join(missing)}")
+                elif candidate.solution.language == "cuda" and not torch.cuda.is_available():
+                    self._failures[key] = Outcome(status="MISSING_DEPENDENCY", message="a CUDA solution needs a CUDA device")
+            return self._failures.get(key)
+
+    def start_worker(self, candidate: Candidate, device: str) -> WorkerProcess | None:
+        """A worker with `candidate` built on `device`, or None when the build failed (then
+        known_failure says why). DeviceUnusable when the worker cannot use the device."""
+        worker, failure = process.start_worker(self.worker_config(candidate, device), self.options.timeout)
+        if failure is None:
+            try:
+                self.environment_of(device)  # a device of another kind has no place in this run
+            except DeviceUnusable:
+                worker.close()
+                raise
+            return worker
+        worker.close()
+        with self._state_lock:
+            self._failures.setdefault((str(candidate.folder), candidate.hash), failure)
+        return None
+
+    def worker_config(self, candidate: Candidate, device: str) -> dict:
+        return {
             "definition": self.definition.model_dump(mode="json"), "solution": candidate.solution.model_dump(mode="json"),
-            "folder": str(candidate.folder), "device": self.options.device, "build_dir": str(self.cache_dir / "build"),
+            "folder": str(candidate.folder), "device": device, "build_dir": str(self.cache_dir / "build"),
             "memory_limit_bytes": self.options.memory_limit_bytes,
         }
-        worker = WorkerProcess(config)
-        try:
-            reply = worker.request({"op": "build"}, self.options.timeout)
-        except WorkerTimeout as exc:
-            return worker, ("TIMEOUT", f"build: {exc}", worker.log_tail())
-        except WorkerCrashed as exc:
-            return worker, ("CRASHED", f"build: {exc}", worker.log_tail())
-        if not reply["ok"]:
-            return worker, (reply["status"], reply["message"], worker.log_tail())
-        return worker, None
 
-    def _run_job(self, worker: WorkerProcess, candidate: Candidate, workload: Workload) -> tuple[Trace, bool]:
-        seeds = [self.options.seed + i for i in range(self.options.input_sets)]
-        for seed in seeds:  # settled before the solution runs: nothing it writes can change them
-            self._expected_outputs(workload, seed, 0)
-        request = {
-            "op": "job", "workload": workload.model_dump(mode="json"), "seeds": seeds, "base_dir": str(self.base_dir),
+    def job_request(self, workload: Workload) -> dict:
+        return {
+            "op": "job", "workload": workload.model_dump(mode="json"), "seeds": self.seeds(), "base_dir": str(self.base_dir),
             "timing": {"method": self.options.timing, "warmup": self.options.warmup, "iters": self.options.iters,
                        "flush_bytes": L2_FLUSH_BYTES},
         }
-        try:
-            reply = worker.request(request, self.options.timeout)
-        except WorkerTimeout as exc:
-            return self._trace(candidate, workload, "TIMEOUT", str(exc), log=worker.log_tail()), True
-        except WorkerCrashed as exc:
-            return self._trace(candidate, workload, "CRASHED", str(exc), log=worker.log_tail()), True
-        leftovers = worker.end_leftover_processes()
-        if leftovers:
-            message = f"left {leftovers} process(es) running after the call; they were killed"
-            return self._trace(candidate, workload, "REJECTED", message, log=worker.log_tail()), True
-        if not reply["ok"]:
-            # A CUDA error (an illegal address, say) poisons the worker's context: start afresh.
-            on_gpu = torch.device(self.options.device).type == "cuda"
-            return self._trace(candidate, workload, reply["status"], reply["message"], log=worker.log_tail()), on_gpu
-        verdict = self._verdict(reply, workload, seeds)
+
+    def seeds(self) -> list[int]:
+        return [self.options.seed + i for i in range(self.options.input_sets)]
+
+    def run_job(self, worker: WorkerProcess, job: Job, device: str) -> tuple[Trace, bool]:
+        """The job's trace, and whether the worker ended (the next job needs a fresh one)."""
+        # Settled before the solution runs: nothing it writes can change them.
+        self.expected(job.workload, [(seed, 0) for seed in self.seeds()], device)
+        outcome = process.run_job(worker, self.job_request(job.workload), self.options.timeout, self.on_gpu)
+        return self.judge(job, outcome, device), outcome.ended
+
+    def judge(self, job: Job, outcome: Outcome, device: str) -> Trace:
+        """The trace of a job from what its worker answered; the verdict is always reached here."""
+        candidate, workload = job.candidate, job.workload
+        if outcome.reply is None:
+            return self.trace(job, device, outcome.status, outcome.message, log=outcome.log)
+        reply, seeds = outcome.reply, self.seeds()
+        self.expected(workload, [(seeds[check["set"]], check["variant"]) for check in reply["checked"]], device)
+        verdict = self._verdict(reply, workload, seeds, device)
         performance = self._performance(reply, workload, candidate) if verdict.passed else None
         verdict, performance = self._judge_timing(verdict, performance)
-        return self._trace(candidate, workload, verdict.status, verdict.message, verdict.errors, performance,
-                           log=worker.log_tail()), False
+        return self.trace(job, device, verdict.status, verdict.message, verdict.errors, performance, log=outcome.log)
 
-    def _expected_outputs(self, workload: Workload, seed: int, variant: int) -> dict:
-        """Variant 0 comes from the disk cache (one entry per workload recomputed each run to
-        check it); redrawn variants are computed here and kept in memory only, so nothing a
-        solution writes to disk can stand in for them."""
-        key = (workload.uuid, seed, variant)
-        if key not in self._expected:
+    def environment_of(self, device: str) -> dict:
+        """What a trace records about the device it ran on; DeviceUnusable for another kind of device."""
+        with self._state_lock:
+            if device not in self._environments:
+                environment = describe_environment(device, self.repo.root)
+                if environment["hardware"] != self.environment["hardware"]:
+                    raise DeviceUnusable(f"it is {environment['hardware']}, not {self.environment['hardware']} like {self.options.device}")
+                self._environments[device] = environment
+            return self._environments[device]
+
+    def expected(self, workload: Workload, keys: Iterable[tuple[int, int]], device: str) -> list[dict]:
+        """Reference outputs for (seed, variant) pairs of a workload, each computed once per run."""
+        keys = list(keys)
+        with self._reference_lock:
+            missing = list(dict.fromkeys(key for key in keys if (workload.uuid, *key) not in self._expected))
+            if missing:
+                try:
+                    computed = self._backend.reference_outputs(workload, missing, device)
+                except (BindingError, ValueError) as exc:
+                    raise FlashbenchError(f"workload {workload.label}: {exc}", self.repo.workloads_path(self.definition.name)) from None
+                self._expected.update({(workload.uuid, *key): outputs for key, outputs in zip(missing, computed)})
+            return [self._expected[(workload.uuid, *key)] for key in keys]
+
+    def compute_references(self, workload: Workload, keys: list[tuple[int, int]], device: str) -> list[dict]:
+        """In this process, on `device`. Variant 0 comes from the disk cache (one entry per
+        workload recomputed each run to check it); redrawn variants are kept in memory only, so
+        nothing a solution writes to disk can stand in for them."""
+        computed = []
+        for seed, variant in keys:
             cache = self.reference_cache if variant == 0 else None
-            try:
-                self._expected[key] = reference_outputs(
-                    self.definition, self.reference, self.reference_source, workload, seed, self.options.device,
-                    self.base_dir, cache, variant, verify=workload.uuid not in self._verified,
-                )
-            except (BindingError, ValueError) as exc:
-                raise FlashbenchError(f"workload {workload.label}: {exc}", self.repo.workloads_path(self.definition.name)) from None
+            computed.append(reference_outputs(
+                self.definition, self.reference, self.reference_source, workload, seed, device,
+                self.base_dir, cache, variant, verify=workload.uuid not in self._verified,
+            ))
             self._verified.add(workload.uuid)
-        return self._expected[key]
+        return computed
 
-    def _verdict(self, reply: dict, workload: Workload, seeds: list[int]) -> Verdict:
+    def _verdict(self, reply: dict, workload: Workload, seeds: list[int], device: str) -> Verdict:
         if reply["timer_tampered"]:
             return Verdict("REJECTED", f"the solution replaced timing functions: {', '.join(reply['timer_tampered'])}")
         if reply["inputs_mutated"]:
@@ -302,7 +371,7 @@ class Runner:
         device_type = torch.device(self.options.device).type
         first = None
         for i, check in enumerate(reply["checked"]):
-            expected = self._expected_outputs(workload, seeds[check["set"]], check["variant"])
+            (expected,) = self.expected(workload, [(seeds[check["set"]], check["variant"])], device)
             verdict = compare_outputs(self.definition, check["outputs"], expected, device_type)
             first = first or verdict
             if not verdict.passed:
@@ -321,7 +390,7 @@ class Runner:
             return verdict, None
         # Judged only for CUDA events: on a CPU both clocks are the host's and load noise alone can
         # split them; a graph replay leaves out the launch overhead the wall clock includes.
-        judged = torch.device(self.options.device).type == "cuda" and self.options.timing == "events"
+        judged = self.on_gpu and self.options.timing == "events"
         if judged and not performance.crosscheck.get("agrees", True):
             return Verdict("REJECTED", "events and the wall-clock crosscheck disagree: work escaped the timed stream",
                            verdict.errors), None
@@ -338,7 +407,6 @@ class Runner:
         check = timing.crosscheck(stats["latency_ms"], reply["wall_ms"]) if "wall_ms" in reply else {}
         cost = self._cost(workload)
         reference_ms = stats["latency_ms"] if candidate.solution.name == REFERENCE else self.reference_latency.get(workload.uuid)
-        on_gpu = torch.device(self.options.device).type == "cuda"
         return Performance(
             **stats,
             reference_latency_ms=reference_ms,
@@ -346,9 +414,9 @@ class Runner:
             bytes=cost[0] if cost else None,
             flops=cost[1] if cost else None,
             timing={
-                "method": self.options.timing if on_gpu else "host clock", "warmup": self.options.warmup,
+                "method": self.options.timing if self.on_gpu else "host clock", "warmup": self.options.warmup,
                 "iters": self.options.iters, "input_sets": self.options.input_sets, "seed": self.options.seed,
-                "l2_flush_bytes": L2_FLUSH_BYTES if on_gpu else 0,
+                "l2_flush_bytes": L2_FLUSH_BYTES if self.on_gpu else 0,
             },
             crosscheck=check,
         )
@@ -357,16 +425,21 @@ class Runner:
         inputs = generate_inputs(self.definition, workload, self.options.seed, "meta", self.base_dir)
         return evaluate_cost(self.definition, bind_axes(self.definition, inputs), inputs)
 
-    def _trace(self, candidate: Candidate, workload: Workload, status: str, message: str = "",
-               errors=None, performance=None, log: str = "") -> Trace:
+    def trace(self, job: Job, device: str, status: str, message: str = "", errors=None, performance=None,
+              log: str = "") -> Trace:
+        candidate, workload = job.candidate, job.workload
         return Trace(
             definition=self.definition.name, workload=workload.uuid, workload_name=workload.name,
             solution=candidate.solution.name, solution_hash=candidate.hash, solution_tags=candidate.solution.tags,
             author=candidate.solution.author,
             hardware=self.environment["hardware"], status=status, message=message, log=log[-2000:] if status != "PASSED" else "",
-            correctness=errors or {}, performance=performance, environment=self.environment,
+            correctness=errors or {}, performance=performance, environment=self.environment_of(device),
             timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
+
+
+def _rejected(trace: Trace, message: str) -> Trace:
+    return trace.model_copy(update={"status": "REJECTED", "performance": None, "message": message})
 
 
 def install_solution(repo: Repo, folder: Path) -> Path:

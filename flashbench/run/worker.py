@@ -81,6 +81,8 @@ class Worker:
 
     def handle(self, request: dict) -> dict:
         try:
+            if request["op"] == "probe":
+                return self.probe()
             if request["op"] == "build":
                 return self.build()
             return self.run_job(request)
@@ -89,6 +91,17 @@ class Worker:
         except Exception as exc:  # the solution failed; report it, stay alive for the next job
             print(traceback.format_exc(), flush=True)
             return {"ok": False, "status": "RUNTIME_ERROR", "message": _summary(exc)}
+
+    def probe(self) -> dict:
+        """A small computation read back from the device, before any solution code is imported:
+        failing it is the device's fault (or its name's), never the solution's."""
+        try:
+            value = (torch.arange(4, device=self.device) * 2).sum().item()
+        except Exception as exc:
+            return {"ok": False, "status": "DEVICE_ERROR", "message": _summary(exc)}
+        if value != 12:
+            return {"ok": False, "status": "DEVICE_ERROR", "message": f"0+2+4+6 gave {value}"}
+        return {"ok": True}
 
     def build(self) -> dict:
         try:

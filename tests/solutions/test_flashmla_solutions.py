@@ -79,7 +79,7 @@ def nan_tail_case(seed=0):
 
 def check_decode_on_nan_tails():
     """Runs in a child process under the interpreter: the Triton kernel split and unsplit."""
-    reference = load_module("decode_reference", ROOT / "references" / "flashmla_decode" / f"{DECODE_H16}.py")
+    reference = load_module("decode_reference", ROOT / Repo(ROOT).definition(DECODE_H16).reference)
     kernel = load_module("decode_triton", ROOT / "solutions" / DECODE_H16 / "triton_splitkv" / "kernel.py")
     inputs = nan_tail_case()
     ref_out, ref_lse = reference.run(*inputs)
@@ -102,7 +102,7 @@ def test_triton_decode_ignores_block_tails():
 
 
 def test_torch_decode_ignores_block_tails():
-    reference = load_module("decode_reference", ROOT / "references" / "flashmla_decode" / f"{DECODE_H16}.py")
+    reference = load_module("decode_reference", ROOT / Repo(ROOT).definition(DECODE_H16).reference)
     kernel = load_module("decode_torch", ROOT / "solutions" / DECODE_H16 / "torch_vectorized" / "kernel.py")
     inputs = nan_tail_case()
     ref_out, ref_lse = reference.run(*inputs)

@@ -1,0 +1,214 @@
+"""Spreading a run's jobs over several devices: one thread per device in the runner's process,
+each owning the worker processes of its device.
+
+Jobs wait in one queue shared by the devices. A device takes the next job only once its last
+result is recorded, so no device ever runs two jobs at once, and a pool of one device runs the
+jobs in order, exactly like a plain run. Results go back to the thread that called `run`, which
+alone records them. Every worker checks its device before any solution code runs; a device
+that fails that check twice in a row is taken out of the pool (a message on stderr) and the job
+it held goes back to the queue for the others. When no device is left, the run ends.
+"""
+
+import queue
+import sys
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import FlashbenchError
+from .process import DeviceUnusable
+
+STARTS_BEFORE_OUT = 2  # failed device checks in a row that take a device out of the pool
+ABORT_WAIT_S = 10.0  # after an error, how long to wait for the device threads to end their jobs
+
+
+def parse_devices(spec: str) -> list[str]:
+    """`all` (every visible GPU), GPU indices and device names (`0,1`, `cuda:0,cuda:2`), `cpu`
+    repeated (`cpu,cpu`) or `cpu:N` for N CPU devices, which exercise the pool without a GPU."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if spec.strip() == "all":
+        if not gpus:
+            raise FlashbenchError("--devices all: no GPU is visible; for CPU devices give cpu:N")
+        return [f"cuda:{i}" for i in range(gpus)]
+    devices = []
+    for token in (t.strip() for t in spec.split(",")):
+        kind, _, index = token.partition(":")
+        if token.isdigit() or (kind == "cuda" and index.isdigit()):
+            number = int(token) if token.isdigit() else int(index)
+            if number >= gpus:
+                raise FlashbenchError(f"--devices: no GPU {number}; {gpus} visible")
+            devices.append(f"cuda:{number}")
+        elif token == "cpu" or (kind == "cpu" and index.isdigit() and int(index) > 0):
+            devices += ["cpu"] * (int(index) if index else 1)
+        else:
+            raise FlashbenchError(f"--devices: {token!r} is not all, a GPU index, cuda:N, cpu or cpu:N")
+    if len({torch.device(d).type for d in devices}) > 1:
+        raise FlashbenchError("--devices: GPUs and CPU devices cannot share a run")
+    if len(set(devices)) < len(devices) and devices[0] != "cpu":
+        raise FlashbenchError("--devices: a GPU is named twice; two jobs on one GPU would time each other")
+    return devices
+
+
+class DeviceOut(Exception):
+    """A device taken out of the pool, and why."""
+
+
+class Lane:
+    """One device and the worker it holds: that of the candidate whose job it ran last."""
+
+    def __init__(self, runner, device: str):
+        self.runner = runner
+        self.device = device
+        self.candidate = None
+        self.worker = None
+
+    def run(self, job):
+        if job.candidate is not self.candidate:
+            self.close()
+            self.candidate = job.candidate
+        failure = self.runner.known_failure(job.candidate)
+        if failure is None and self.worker is None:
+            self.worker = self._start(job.candidate)
+            failure = self.runner.known_failure(job.candidate)
+        if failure is not None:  # nothing runs: recorded against the run's device, not this one
+            return self.runner.judge(job, failure, self.runner.options.device)
+        trace, ended = self.runner.run_job(self.worker, job, self.device)
+        if ended:
+            self.close()
+        return trace
+
+    def _start(self, candidate):
+        for _ in range(STARTS_BEFORE_OUT):
+            try:
+                return self.runner.start_worker(candidate, self.device)
+            except DeviceUnusable as exc:
+                reason = str(exc)
+        raise DeviceOut(reason)
+
+    def abort(self) -> None:
+        """From another thread: end the job in flight (its worker) instead of waiting for it."""
+        worker = self.worker
+        if worker is not None:
+            worker.kill()
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+
+@dataclass
+class _Result:
+    lane: Lane
+    job: object = None
+    trace: object = None
+    recorded: threading.Event = field(default_factory=threading.Event)
+    out: str = ""  # the lane's device was taken out of the pool, and why
+    error: BaseException | None = None
+
+
+class DevicePool:
+    """The local backend: `run` hands out jobs and yields (job, trace) as devices finish them."""
+
+    def __init__(self, runner, devices: list[str]):
+        self.runner = runner
+        self.lanes = [Lane(runner, device) for device in devices]
+        self._jobs: queue.Queue = queue.Queue()
+        self._results: queue.Queue = queue.Queue()
+        self._running: dict[int, int] = {}  # id(lane) -> index of the job it holds
+        self._running_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._out: list[str] = []
+        self._threads: list[threading.Thread] = []
+
+    def __enter__(self):
+        for lane in self.lanes:
+            thread = threading.Thread(target=self._serve, args=(lane,), name=f"flashbench {lane.device}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def __exit__(self, kind, error, tb):
+        self._closing.set()
+        for _ in self._threads:
+            self._jobs.put(None)
+        if kind is not None:  # an error or an interrupt: end the jobs in flight
+            for lane in self.lanes:
+                lane.abort()
+        patience = ABORT_WAIT_S if kind is not None else None
+        self._release_threads(patience)
+
+    def run(self, jobs):
+        for job in jobs:
+            self._jobs.put(job)
+        left = len(jobs)
+        while left:
+            result = self._results.get()
+            if result.error is not None:
+                raise result.error
+            if result.out:
+                self._take_out(result)
+                continue
+            try:
+                yield result.job, result.trace
+            finally:
+                result.recorded.set()
+            left -= 1
+
+    def running(self) -> set[int]:
+        """The jobs devices hold now, run or waiting to be recorded."""
+        with self._running_lock:
+            return set(self._running.values())
+
+    def reference_outputs(self, workload, keys, device):
+        # In this process, on the device that asks: its own worker is idle meanwhile, so no job is
+        # timed on a device that computes a reference.
+        return self.runner.compute_references(workload, keys, device)
+
+    def _serve(self, lane: Lane) -> None:
+        try:
+            while True:
+                job = self._jobs.get()
+                if job is None or self._closing.is_set():
+                    return
+                with self._running_lock:
+                    self._running[id(lane)] = job.index
+                try:
+                    trace = lane.run(job)
+                except DeviceOut as exc:
+                    self._jobs.put(job)  # for the devices still in the pool
+                    self._results.put(_Result(lane, out=str(exc)))
+                    return
+                result = _Result(lane, job, trace)
+                self._results.put(result)
+                result.recorded.wait()
+                with self._running_lock:
+                    self._running.pop(id(lane), None)
+        except BaseException as exc:  # handed to the recording thread, which raises it
+            self._results.put(_Result(lane, error=exc))
+        finally:
+            with self._running_lock:
+                self._running.pop(id(lane), None)
+            lane.close()
+
+    def _take_out(self, result: _Result) -> None:
+        device = result.lane.device
+        self._out.append(f"{device}: {result.out}")
+        left = len(self.lanes) - len(self._out)
+        if not left and len(self.lanes) == 1:
+            raise FlashbenchError(f"device {device} cannot be used: {result.out}")
+        if not left:
+            raise FlashbenchError(f"every device failed; {'; '.join(self._out)}")
+        print(f"warning: device {device} is taken out of the pool: {result.out}; its jobs go to the "
+              f"{left} other device(s)", file=sys.stderr, flush=True)
+
+    def _release_threads(self, patience: float | None) -> None:
+        """Wait for the device threads to end (at most `patience` s), letting go of any result
+        still unrecorded; threads left are daemons, and their workers end with this process."""
+        waited = 0.0
+        while any(thread.is_alive() for thread in self._threads) and (patience is None or waited < patience):
+            try:
+                self._results.get(timeout=0.1).recorded.set()
+            except queue.Empty:
+                waited += 0.1

@@ -22,7 +22,7 @@ from ..build import CACHE_DIR_NAME, content_hash, missing_dependencies
 from ..cost import evaluate_cost
 from ..environment import describe_environment, hardware_name
 from ..errors import FlashbenchError
-from ..model import Definition, Performance, Solution, Trace, Workload
+from ..model import REFERENCE, Definition, Performance, Solution, Trace, Workload
 from ..registry import Repo, SolutionFolder, load_solution_folder
 from ..traces import append_trace, check_writable, read_traces, trace_path
 from ..workloads import generate_inputs
@@ -32,7 +32,6 @@ from .process import DeviceUnusable, Outcome, WorkerProcess
 from .references import reference_outputs
 from ..calibrate import load_calibration
 
-REFERENCE = "reference"
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # over 4x the H200's 60 MB L2
 TRACE_FILE_CHANGED = "the trace file changed while this solution ran; it was restored"
 BACKENDS = ("local", "ray")
@@ -162,7 +161,8 @@ class Runner:
         self.cache_dir = options.cache_dir or repo.root / CACHE_DIR_NAME
         self.trace_file = trace_path(options.trace_dir or repo.root / "traces", hardware_name(options.device), self.definition.name)
         self.reference = repo.reference(self.definition.name)
-        self.reference_source = reference_candidate(repo, self.definition, self.cache_dir).folder.joinpath("reference.py").read_text()
+        self.reference_candidate = reference_candidate(repo, self.definition, self.cache_dir)
+        self.reference_source = (self.reference_candidate.folder / "reference.py").read_text()
         self.base_dir = repo.definition_path(self.definition.name).parent
         self.environment = describe_environment(options.device, repo.root)
         self.reference_cache = options.reference_cache_dir or default_reference_cache()
@@ -172,6 +172,7 @@ class Runner:
         self.reference_latency: dict[str, float] = {}
         self._expected: dict[tuple[str, int, int], dict] = {}
         self._verified: set[str] = set()
+        self._costs: dict[str, tuple[float, float] | None] = {}
         self._trace_bytes = b""
         # Shared by the device threads: reference outputs under one lock (also one writer per
         # cache file), what each device is and which candidates cannot run, under another.
@@ -183,8 +184,7 @@ class Runner:
         self._backend = None
 
     def candidates(self, folders: list[SolutionFolder]) -> list[Candidate]:
-        reference = reference_candidate(self.repo, self.definition, self.cache_dir)
-        return [reference] + [Candidate(f.path, f.solution, content_hash(f.path)) for f in folders]
+        return [self.reference_candidate] + [Candidate(f.path, f.solution, content_hash(f.path)) for f in folders]
 
     def run(self, candidates: list[Candidate], workloads: list[Workload], advance: Callable[[], None] = lambda: None) -> RunResult:
         """Every (candidate, workload) job. The reference's jobs run first (across the pool) and
@@ -422,8 +422,11 @@ class Runner:
         )
 
     def _cost(self, workload: Workload):
-        inputs = generate_inputs(self.definition, workload, self.options.seed, "meta", self.base_dir)
-        return evaluate_cost(self.definition, bind_axes(self.definition, inputs), inputs)
+        """Bytes and FLOPs of a workload, evaluated once per run (its index structure is fixed)."""
+        if workload.uuid not in self._costs:
+            inputs = generate_inputs(self.definition, workload, self.options.seed, "meta", self.base_dir)
+            self._costs[workload.uuid] = evaluate_cost(self.definition, bind_axes(self.definition, inputs), inputs)
+        return self._costs[workload.uuid]
 
     def trace(self, job: Job, device: str, status: str, message: str = "", errors=None, performance=None,
               log: str = "") -> Trace:

@@ -10,7 +10,6 @@ Generated caches hold finite values everywhere, so the decode solutions are also
 cache whose slots past each request's length are NaN (the definition says they may hold anything).
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,6 +21,7 @@ import torch
 
 from flashbench import Repo
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
+from solution_checks import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFINITIONS = {
@@ -52,12 +52,6 @@ def test_solutions_pass_smoke_workloads(definition, tmp_path):
 
 DECODE_H16 = "flashmla_decode_causal_h16_ckv512_kpe64_ps64"
 
-
-def load_module(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def nan_tail_case(seed=0):

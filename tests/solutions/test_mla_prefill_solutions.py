@@ -6,7 +6,6 @@ requests, random non-contiguous page ids, q_len == kv_len, q_len 1, an empty req
 with more queries than keys (their first queries see nothing: output 0, lse -inf).
 """
 
-import importlib.util
 import json
 import math
 import os
@@ -17,15 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from solution_checks import compare, load_module
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFINITION = "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"
 REFERENCE = ROOT / "references" / "mla_paged" / f"{DEFINITION}.py"
 SOLUTIONS = ROOT / "solutions" / DEFINITION
 TRITON_KERNEL = SOLUTIONS / "triton_causal" / "kernel.py"
 TORCH_KERNEL = SOLUTIONS / "torch_vectorized" / "kernel.py"
-
-OUTPUT_TOL = dict(atol=1e-2, rtol=2e-2)
-LSE_TOL = dict(atol=1e-2, rtol=1e-3)
 
 # (q_lens, kv_lens) per case
 CASES = {
@@ -34,13 +32,6 @@ CASES = {
     "self_attention": ([20, 1], [20, 1]),
     "empty_request": ([0, 6, 13], [5, 6, 37]),
 }
-
-
-def load_module(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def make_inputs(q_lens, kv_lens, seed, num_pages=300):
@@ -55,26 +46,6 @@ def make_inputs(q_lens, kv_lens, seed, num_pages=300):
     kv_indices = torch.randperm(num_pages, generator=gen)[:total_kv].to(torch.int32)
     sm_scale = 1.0 / math.sqrt(128 + 64)
     return q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale
-
-
-def compare(output, lse, ref_output, ref_lse):
-    """Returns a list of problems (empty when the result matches the reference)."""
-    problems = []
-    if output.shape != ref_output.shape or lse.shape != ref_lse.shape:
-        return [f"shapes {tuple(output.shape)} / {tuple(lse.shape)}"]
-    out, ref_out = output.float(), ref_output.float()
-    if not torch.isfinite(out).all():
-        problems.append("non-finite output")
-    elif not torch.allclose(out, ref_out, **OUTPUT_TOL):
-        problems.append(f"output max abs error {(out - ref_out).abs().max().item():.3g}")
-    if not torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)):
-        problems.append("lse -inf positions differ")
-    finite = torch.isfinite(ref_lse)
-    if not torch.isfinite(lse[finite]).all():
-        problems.append("non-finite lse where the reference is finite")
-    elif finite.any() and not torch.allclose(lse[finite], ref_lse[finite], **LSE_TOL):
-        problems.append(f"lse max abs error {(lse[finite] - ref_lse[finite]).abs().max().item():.3g}")
-    return problems
 
 
 def check_triton_cases():

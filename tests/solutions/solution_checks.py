@@ -1,0 +1,37 @@
+"""Helpers shared by the solution tests: loading a file as a module, and comparing an attention
+result (output, lse) with the reference's. Importable from a test's child process too, which runs
+with this folder first on sys.path."""
+
+import importlib.util
+
+import torch
+
+OUTPUT_TOL = dict(atol=1e-2, rtol=2e-2)
+LSE_TOL = dict(atol=1e-2, rtol=1e-3)
+
+
+def load_module(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compare(output, lse, ref_output, ref_lse):
+    """Returns a list of problems (empty when the result matches the reference)."""
+    problems = []
+    if output.shape != ref_output.shape or lse.shape != ref_lse.shape:
+        return [f"shapes {tuple(output.shape)} / {tuple(lse.shape)}"]
+    out, ref_out = output.float(), ref_output.float()
+    if not torch.isfinite(out).all():
+        problems.append("non-finite output")
+    elif not torch.allclose(out, ref_out, **OUTPUT_TOL):
+        problems.append(f"output max abs error {(out - ref_out).abs().max().item():.3g}")
+    if not torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)):
+        problems.append("lse -inf positions differ")
+    finite = torch.isfinite(ref_lse)
+    if not torch.isfinite(lse[finite]).all():
+        problems.append("non-finite lse where the reference is finite")
+    elif finite.any() and not torch.allclose(lse[finite], ref_lse[finite], **LSE_TOL):
+        problems.append(f"lse max abs error {(lse[finite] - ref_lse[finite]).abs().max().item():.3g}")
+    return problems

@@ -18,7 +18,12 @@ SOLUTIONS = [
     ("flashmla_sparse_prefill_sink_topklen_h64_ckv512_kpe64_topk2048", "triton_gather"),
     ("flashmla_sparse_decode_fp8_h128_ckv512_kpe64_ps64_topk2048", "triton_fp8_splitk"),
     ("flashmla_sparse_decode_fp8_sink_h64_ckv512_kpe64_ps64_topk2048", "triton_fp8_splitk"),
+    ("flashmla_sparse_prefill_h64_ckv512_kpe64_topk2048", "triton_gather"),
+    ("flashmla_sparse_prefill_sink_topklen_h128_ckv512_kpe64_topk2048", "triton_gather"),
+    ("flashmla_sparse_decode_fp8_h64_ckv512_kpe64_ps64_topk2048", "triton_fp8_splitk"),
+    ("flashmla_sparse_decode_fp8_sink_h128_ckv512_kpe64_ps64_topk2048", "triton_fp8_splitk"),
     ("flashmla_sparse_fp8_quantize_ckv512_kpe64_ps64", "triton_bits"),
+    ("flashmla_sparse_fp8_dequantize_ckv512_kpe64_ps64", "triton_bits"),
 ]
 
 

@@ -169,6 +169,12 @@ def test_unknown_workload_lists_names_and_tags(repo):
         assert known in str(info.value)
 
 
+def test_reference_selects_no_solution_folder(repo):
+    assert select_solutions(repo, DEFINITION, ["reference"]) == []
+    named = select_solutions(repo, DEFINITION, ["reference", str(FIXTURES / "correct_dps")])
+    assert [f.solution.name for f in named] == ["correct_dps"]
+
+
 def test_unknown_solution_and_wrong_definition(repo):
     with pytest.raises(FlashbenchError, match="no solution 'nope'"):
         select_solutions(repo, DEFINITION, ["nope"])

@@ -104,7 +104,7 @@ def timing_options(func):
 
 @main.command()
 @click.option("--def", "definition", required=True, help="Definition name or unique prefix.")
-@click.option("--solution", "solutions", multiple=True, help="Solution name or folder (repeatable; default: all).")
+@click.option("--solution", "solutions", multiple=True, help="Solution name or folder (repeatable; default: all; 'reference' alone: only the reference).")
 @click.option("--workload", "workloads", multiple=True, help="Workload uuid, name or tag (repeatable; default: all, or 'smoke' on CPU).")
 @timing_options
 @click.option("--devices", default=None,

@@ -117,12 +117,15 @@ def select_workloads(repo: Repo, definition: str, selectors: list[str], device: 
 
 
 def select_solutions(repo: Repo, definition: str, selectors: list[str]) -> list[SolutionFolder]:
-    """By name (a folder under solutions/<definition>/) or path; with none given, all of the definition."""
+    """By name (a folder under solutions/<definition>/) or path; with none given, all of the definition.
+    The name 'reference' selects nothing more: the reference runs with every selection."""
     if not selectors:
         return repo.solution_folders(definition)
     by_name = {f.solution.name: f for f in repo.solution_folders(definition)}
     chosen = []
     for selector in selectors:
+        if selector == REFERENCE:
+            continue
         if Path(selector).is_dir():
             chosen.append(load_solution_folder(Path(selector).resolve()))
         elif selector in by_name:

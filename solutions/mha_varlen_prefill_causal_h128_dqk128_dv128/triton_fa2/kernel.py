@@ -32,10 +32,15 @@ NUM_STAGES = 2
 
 
 @triton.jit
-def _attend(acc, l_i, m_i, qa, qb, ka_ptrs, kb_ptrs, v_ptrs, start, kv_hi, offs_m, diag, qk_scale,
-            DB: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, F32_DOT: tl.constexpr):
-    """One block of BLOCK_N keys starting at `start`; the pointer tiles already point at it."""
+def _attend(acc, l_i, m_i, qa, qb, k_head, v_head, stride_kt, stride_vt, start, kv_hi, offs_m, diag, qk_scale,
+            DA: tl.constexpr, DB: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+            F32_DOT: tl.constexpr):
+    """One block of BLOCK_N keys starting at `start`. Pointer tiles are formed here from the head's
+    base pointers: carried through the loop they would hold a 64-bit address per element."""
     offs_n = start + tl.arange(0, BLOCK_N)
+    k_rows = k_head + offs_n.to(tl.int64)[:, None] * stride_kt
+    ka_ptrs = k_rows + tl.arange(0, DA)[None, :]
+    v_ptrs = v_head + offs_n.to(tl.int64)[:, None] * stride_vt + tl.arange(0, DV)[None, :]
     if MASKED:
         in_range = (offs_n < kv_hi)[:, None]
         ka = tl.load(ka_ptrs, mask=in_range, other=0.0)
@@ -48,6 +53,7 @@ def _attend(acc, l_i, m_i, qa, qb, ka_ptrs, kb_ptrs, v_ptrs, start, kv_hi, offs_
         vv = vv.to(tl.float32)
     s = tl.dot(qa, tl.trans(ka))
     if DB > 0:
+        kb_ptrs = k_rows + DA + tl.arange(0, DB)[None, :]
         if MASKED:
             kb = tl.load(kb_ptrs, mask=in_range, other=0.0)
         else:
@@ -126,32 +132,18 @@ def _prefill_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, sched, out, lse, qk_sca
         if F32_DOT:
             qa = qa.to(tl.float32)
             qb = qb.to(tl.float32)
-        # Pointer tiles for the first key block, advanced by BLOCK_N keys per step.
-        offs_n = tl.arange(0, BLOCK_N)
-        key_rows = (k_start + offs_n).to(tl.int64)
-        ka_ptrs = k + key_rows[:, None] * stride_kt + head * stride_kh + offs_a[None, :]
-        kb_ptrs = ka_ptrs  # unused when the key dimension is a power of two
-        if DB > 0:
-            kb_ptrs = k + key_rows[:, None] * stride_kt + head * stride_kh + DA + tl.arange(0, DB)[None, :]
-        v_ptrs = v + key_rows[:, None] * stride_vt + head * stride_vh + tl.arange(0, DV)[None, :]
-        k_step = BLOCK_N * stride_kt
-        v_step = BLOCK_N * stride_vt
+        k_head = k + k_start.to(tl.int64) * stride_kt + head * stride_kh
+        v_head = v + k_start.to(tl.int64) * stride_vt + head * stride_vh
 
         acc = tl.zeros([BLOCK_M, DV], dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         for start in range(0, n_full, BLOCK_N):
-            acc, l_i, m_i = _attend(acc, l_i, m_i, qa, qb, ka_ptrs, kb_ptrs, v_ptrs, start, kv_hi, offs_m, diag,
-                                    qk_scale, DB, BLOCK_N, False, F32_DOT)
-            ka_ptrs += k_step
-            kb_ptrs += k_step
-            v_ptrs += v_step
+            acc, l_i, m_i = _attend(acc, l_i, m_i, qa, qb, k_head, v_head, stride_kt, stride_vt, start, kv_hi, offs_m,
+                                    diag, qk_scale, DA, DB, DV, BLOCK_N, False, F32_DOT)
         for start in range(n_full, kv_hi, BLOCK_N):
-            acc, l_i, m_i = _attend(acc, l_i, m_i, qa, qb, ka_ptrs, kb_ptrs, v_ptrs, start, kv_hi, offs_m, diag,
-                                    qk_scale, DB, BLOCK_N, True, F32_DOT)
-            ka_ptrs += k_step
-            kb_ptrs += k_step
-            v_ptrs += v_step
+            acc, l_i, m_i = _attend(acc, l_i, m_i, qa, qb, k_head, v_head, stride_kt, stride_vt, start, kv_hi, offs_m,
+                                    diag, qk_scale, DA, DB, DV, BLOCK_N, True, F32_DOT)
 
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         o = acc / l_safe[:, None]

@@ -150,6 +150,14 @@ def test_cuda_source_compiles_without_spills(source_id, folder, source, flags):
     assert not missing, f"no spill figures for {missing} in {source_id}"
 
 
-def test_cuda_solutions_found():
-    """The glob must see the CUDA decode solution (guards against a silently empty parametrisation)."""
-    assert any(s[0].startswith("mla_paged_decode_h16_ckv512_kpe64_ps1/cuda_splitkv/") for s in SOURCES)
+EXPECTED_FOLDERS = (
+    "mla_paged_decode_h16_ckv512_kpe64_ps1/cuda_splitkv/",
+    "flashmla_decode_causal_h128_ckv512_kpe64_ps64/cuda_splitkv/",
+    "flashmla_decode_causal_h16_ckv512_kpe64_ps64/cuda_splitkv/",
+)
+
+
+@pytest.mark.parametrize("prefix", EXPECTED_FOLDERS)
+def test_cuda_solutions_found(prefix):
+    """The glob must see each CUDA solution (guards against a silently empty parametrisation)."""
+    assert any(s[0].startswith(prefix) for s in SOURCES)

@@ -8,6 +8,7 @@ import torch
 
 from flashbench import Repo
 from flashbench.model.definition import Tolerance
+from flashbench.run import check
 from flashbench.run.check import compare_outputs, output_error
 
 INF = math.inf
@@ -107,6 +108,30 @@ def test_empty_tensors_pass():
 def test_bfloat16_against_float_reference():
     reference = torch.randn(64, generator=torch.Generator().manual_seed(0))
     assert not output_error(reference.to(torch.bfloat16), reference, Tolerance(atol=1e-2, rtol=2e-2))[1]
+
+
+def test_chunked_comparison_counts_across_chunks(monkeypatch):
+    # Seven chunks of three elements: the maxima, the mismatch count and a NaN in a late chunk
+    # come out as they do in one pass.
+    expected = torch.linspace(-4, 4, 20)
+    got = expected.clone()
+    got[1], got[8], got[19] = 9.0, -INF, 5.0
+    whole, whole_bad = output_error(got, expected, STRICT)
+    monkeypatch.setattr(check, "CHUNK_ELEMENTS", 3)
+    chunked, chunked_bad = output_error(got, expected, STRICT)
+    assert chunked == whole and chunked_bad == whole_bad
+    assert chunked.mismatch_fraction == pytest.approx(3 / 20) and chunked.max_abs_error == INF
+    got[13] = NAN
+    assert output_error(got, expected, Tolerance(atol=1e-2, rtol=1e-2, max_mismatch_fraction=0.5))[1]
+
+
+def test_comparison_keeps_the_shape_free_of_copies():
+    # A [2, 3, 4] output is compared element for element, whatever its layout in chunks.
+    expected = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    got = expected.clone()
+    got[1, 2, 3] += 1
+    stats, bad = output_error(got, expected, STRICT)
+    assert bad and stats.mismatch_fraction == pytest.approx(1 / 24) and stats.max_abs_error == 1.0
 
 
 # compare_outputs on the MLA decode definition: output [B, 16, 512] bf16, lse [B, 16] fp32.

@@ -132,6 +132,18 @@ def test_hang_times_out_and_the_run_goes_on(repo_copy, shared_cache, tmp_path):
     assert time.monotonic() - started < 60
 
 
+def test_reference_outputs_past_the_memory_budget_are_dropped_and_computed_again(repo_copy, shared_cache, tmp_path):
+    repo = Repo(repo_copy)
+    options = RunOptions(device="cpu", iters=2, warmup=0, trace_dir=tmp_path / "traces", cache_dir=shared_cache,
+                         reference_memory_bytes=0)
+    runner = Runner(repo, DEFINITION, options)
+    workloads = select_workloads(repo, DEFINITION, SMOKE, "cpu")
+    result = runner.run(runner.candidates(select_solutions(repo, DEFINITION, [str(FIXTURES / "correct_dps")])), workloads)
+    assert [(t.solution, t.status) for t in result.traces] == [("reference", "PASSED")] * 2 + [("correct_dps", "PASSED")] * 2
+    # Only the last job's reference outputs are still held.
+    assert {uuid for uuid, _, _ in runner._expected} == {workloads[-1].uuid}
+
+
 # Workload and solution selection (no workers).
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,10 @@ class Verdict:
         return self.status == "PASSED"
 
 
-def compare_outputs(definition: Definition, got: dict, expected: dict[str, torch.Tensor], device_type: str) -> Verdict:
-    """Check every output: plain tensor, shape, dtype, device, then values within tolerance."""
+def compare_outputs(definition: Definition, got: dict, expected: dict[str, torch.Tensor], device_type: str,
+                    compute_on="cpu") -> Verdict:
+    """Check every output: plain tensor, shape, dtype, device, then values within tolerance
+    (the arithmetic on `compute_on`: an idle GPU compares gigabytes in milliseconds)."""
     verdict = Verdict()
     for name, spec in definition.outputs.items():
         reference = expected[name]
@@ -38,7 +40,7 @@ def compare_outputs(definition: Definition, got: dict, expected: dict[str, torch
             return Verdict("INCORRECT_SHAPE", f"output {name} has shape {list(tensor.shape)}, expected {list(reference.shape)}")
         if tensor.dtype != torch_dtype(spec.dtype):
             return Verdict("INCORRECT_DTYPE", f"output {name} is {str(tensor.dtype).removeprefix('torch.')}, expected {spec.dtype}")
-        error, bad = output_error(tensor, reference, definition.tolerance(name))
+        error, bad = output_error(tensor, reference, definition.tolerance(name), compute_on)
         verdict.errors[name] = error
         if bad and verdict.passed:
             verdict.status = "INCORRECT_NUMERICAL"
@@ -49,24 +51,41 @@ def compare_outputs(definition: Definition, got: dict, expected: dict[str, torch
     return verdict
 
 
-def output_error(got: torch.Tensor, expected: torch.Tensor, tolerance) -> tuple[OutputError, bool]:
-    """Error statistics and whether they exceed the tolerance. Matching same-sign infinities
-    agree (an lse of -inf for an empty request); NaN never passes."""
+# Elements compared at a time: bounds the float64 temporaries of one comparison to a few hundred MB
+# however large the output (a prefill's can be gigabytes).
+CHUNK_ELEMENTS = 1 << 24
+
+
+def output_error(got: torch.Tensor, expected: torch.Tensor, tolerance, device="cpu") -> tuple[OutputError, bool]:
+    """Error statistics and whether they exceed the tolerance, computed in float64 on `device`
+    chunk by chunk. Matching same-sign infinities agree (an lse of -inf for an empty request);
+    NaN never passes."""
+    got, expected = got.reshape(-1), expected.reshape(-1)
+    totals = torch.zeros(4, dtype=torch.float64, device=device)  # max abs, max rel, outside, NaNs
+    for start in range(0, got.numel(), CHUNK_ELEMENTS):
+        chunk = slice(start, start + CHUNK_ELEMENTS)
+        totals = _combine(totals, _chunk_errors(got[chunk].to(device), expected[chunk].to(device), tolerance))
+    max_abs, max_rel, outside, nans = totals.tolist()
+    mismatch = outside / max(got.numel(), 1)
+    error = OutputError(max_abs_error=max_abs, max_rel_error=max_rel, mismatch_fraction=mismatch)
+    # max_mismatch_fraction allows elements slightly outside the tolerance, never a NaN (e.g. an unwritten, poisoned element)
+    return error, mismatch > tolerance.max_mismatch_fraction or nans > 0
+
+
+def _combine(totals: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+    return torch.stack([torch.maximum(totals[0], chunk[0]), torch.maximum(totals[1], chunk[1]),
+                        totals[2] + chunk[2], totals[3] + chunk[3]])
+
+
+def _chunk_errors(got: torch.Tensor, expected: torch.Tensor, tolerance) -> torch.Tensor:
+    """[max abs error, max rel error, elements outside the tolerance, NaN differences] of one chunk."""
     got64, expected64 = got.double(), expected.double()
     same_infinity = torch.isinf(got64) & torch.isinf(expected64) & (torch.sign(got64) == torch.sign(expected64))
     difference = torch.where(same_infinity, 0.0, (got64 - expected64).abs())
     nan = torch.isnan(difference)
     difference = torch.where(nan, float("inf"), difference)  # NaN anywhere is infinitely wrong; inf stays inf
     magnitude = torch.where(torch.isfinite(expected64), expected64.abs(), 0.0)
-    allowed = tolerance.atol + tolerance.rtol * magnitude
-    outside = ~(difference <= allowed)
+    outside = ~(difference <= tolerance.atol + tolerance.rtol * magnitude)
     relative = torch.nan_to_num(difference / expected64.abs().clamp_min(1e-6), nan=float("inf"), posinf=float("inf"))
-    count = max(got.numel(), 1)
-    mismatch = outside.sum().item() / count
-    error = OutputError(
-        max_abs_error=difference.max().item() if got.numel() else 0.0,
-        max_rel_error=torch.where(same_infinity, 0.0, relative).max().item() if got.numel() else 0.0,
-        mismatch_fraction=mismatch,
-    )
-    # max_mismatch_fraction allows elements slightly outside the tolerance, never a NaN (e.g. an unwritten, poisoned element)
-    return error, mismatch > tolerance.max_mismatch_fraction or bool(nan.any())
+    relative = torch.where(same_infinity, 0.0, relative)
+    return torch.stack([difference.max(), relative.max(), outside.sum().double(), nan.sum().double()])

@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -54,6 +55,9 @@ class RunOptions:
     trace_dir: Path | None = None
     cache_dir: Path | None = None  # builds; told to workers
     reference_cache_dir: Path | None = None  # reference outputs; never told to workers
+    # Reference outputs held in memory; past it the least recently used go (variant 0 is reloaded
+    # from the disk cache, redrawn variants are computed again).
+    reference_memory_bytes: int = 8 << 30
     memory_limit_bytes: int | None = field(default_factory=lambda: default_memory_limit())
 
 
@@ -173,7 +177,7 @@ class Runner:
         self.devices = list(options.devices or [options.device])
         self.on_gpu = torch.device(options.device).type == "cuda"
         self.reference_latency: dict[str, float] = {}
-        self._expected: dict[tuple[str, int, int], dict] = {}
+        self._expected: OrderedDict[tuple[str, int, int], dict] = OrderedDict()
         self._verified: set[str] = set()
         self._costs: dict[str, tuple[float, float] | None] = {}
         self._trace_bytes = b""
@@ -323,8 +327,8 @@ class Runner:
         if outcome.reply is None:
             return self.trace(job, device, outcome.status, outcome.message, log=outcome.log)
         reply, seeds = outcome.reply, self.seeds()
-        self.expected(workload, [(seeds[check["set"]], check["variant"]) for check in reply["checked"]], device)
-        verdict = self._verdict(reply, workload, seeds, device)
+        expected = self.expected(workload, [(seeds[check["set"]], check["variant"]) for check in reply["checked"]], device)
+        verdict = self._verdict(reply, expected, device)
         performance = self._performance(reply, workload, candidate) if verdict.passed else None
         verdict, performance = self._judge_timing(verdict, performance)
         return self.trace(job, device, verdict.status, verdict.message, verdict.errors, performance, log=outcome.log)
@@ -340,17 +344,31 @@ class Runner:
             return self._environments[device]
 
     def expected(self, workload: Workload, keys: Iterable[tuple[int, int]], device: str) -> list[dict]:
-        """Reference outputs for (seed, variant) pairs of a workload, each computed once per run."""
-        keys = list(keys)
+        """Reference outputs for (seed, variant) pairs of a workload, computed once per run while
+        they fit in the memory budget."""
+        keys = [(workload.uuid, *key) for key in keys]
         with self._reference_lock:
-            missing = list(dict.fromkeys(key for key in keys if (workload.uuid, *key) not in self._expected))
+            missing = list(dict.fromkeys(key for key in keys if key not in self._expected))
             if missing:
                 try:
-                    computed = self._backend.reference_outputs(workload, missing, device)
+                    computed = self._backend.reference_outputs(workload, [key[1:] for key in missing], device)
                 except (BindingError, ValueError) as exc:
                     raise FlashbenchError(f"workload {workload.label}: {exc}", self.repo.workloads_path(self.definition.name)) from None
-                self._expected.update({(workload.uuid, *key): outputs for key, outputs in zip(missing, computed)})
-            return [self._expected[(workload.uuid, *key)] for key in keys]
+                self._expected.update(zip(missing, computed))
+            found = [self._expected[key] for key in keys]
+            for key in keys:
+                self._expected.move_to_end(key)
+            self._evict_references(keep=set(keys))
+            return found
+
+    def _evict_references(self, keep: set) -> None:
+        """Least recently used first, never what the current caller asked for."""
+        held = sum(_nbytes(outputs) for outputs in self._expected.values())
+        for key in list(self._expected):
+            if held <= self.options.reference_memory_bytes:
+                break
+            if key not in keep:
+                held -= _nbytes(self._expected.pop(key))
 
     def compute_references(self, workload: Workload, keys: list[tuple[int, int]], device: str) -> list[dict]:
         """In this process, on `device`. Variant 0 comes from the disk cache (one entry per
@@ -366,26 +384,32 @@ class Runner:
             self._verified.add(workload.uuid)
         return computed
 
-    def _verdict(self, reply: dict, workload: Workload, seeds: list[int], device: str) -> Verdict:
+    def _verdict(self, reply: dict, expected: list[dict], device: str) -> Verdict:
+        """The worker's checked outputs against `expected`, the reference outputs in the same order."""
         if reply["timer_tampered"]:
             return Verdict("REJECTED", f"the solution replaced timing functions: {', '.join(reply['timer_tampered'])}")
         if reply["inputs_mutated"]:
             return Verdict("REJECTED", f"the solution modified its inputs: {', '.join(sorted(set(reply['inputs_mutated'])))}")
         device_type = torch.device(self.options.device).type
+        compute_on = self._comparison_device(device)
         first = None
-        for i, check in enumerate(reply["checked"]):
-            (expected,) = self.expected(workload, [(seeds[check["set"]], check["variant"])], device)
-            verdict = compare_outputs(self.definition, check["outputs"], expected, device_type)
+        for i, (check, reference) in enumerate(zip(reply["checked"], expected)):
+            verdict = compare_outputs(self.definition, check["outputs"], reference, device_type, compute_on)
             first = first or verdict
             if not verdict.passed:
-                label = f"input set {check['set']}" if i < len(seeds) else f"the timed calls on input set {check['set']}"
+                label = f"input set {check['set']}" if i < len(self.seeds()) else f"the timed calls on input set {check['set']}"
                 verdict.message = f"{label}: {verdict.message}"
                 return verdict
         first_call = {name: value["tensor"] for name, value in reply["checked"][0]["outputs"].items()}
-        again = compare_outputs(self.definition, reply["rerun"]["outputs"], first_call, device_type)
+        again = compare_outputs(self.definition, reply["rerun"]["outputs"], first_call, device_type, compute_on)
         if not again.passed:
             return Verdict("REJECTED", f"outputs change between identical calls: {again.message}")
         return first
+
+    def _comparison_device(self, device: str) -> str:
+        """The job's GPU, idle between its jobs, when this process holds it; else the CPU (a Ray
+        driver never computes on a GPU)."""
+        return device if self.on_gpu and self.options.backend == "local" else "cpu"
 
     def _judge_timing(self, verdict: Verdict, performance: Performance | None):
         """Reject timings that cannot be true: work outside the timed stream, or faster than physics."""
@@ -442,6 +466,10 @@ class Runner:
             correctness=errors or {}, performance=performance, environment=self.environment_of(device),
             timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
+
+
+def _nbytes(outputs: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in outputs.values())
 
 
 def _rejected(trace: Trace, message: str) -> Trace:

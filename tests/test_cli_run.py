@@ -24,7 +24,11 @@ def test_run_prints_the_summary_and_records_traces(module_repo, tmp_path):
                     "--trace-dir", str(trace_dir), *FAST)
     assert result.exit_code == 0, result.output
     assert "results" in result.output
-    rows = [line for line in result.output.splitlines() if "PASSED" in line]
+    progress, table = result.output.split("results", 1)
+    # Not a terminal: a line per finished job as it ends, then the summary table.
+    assert sorted(line.split()[:3] for line in progress.splitlines() if line.strip()) == sorted(
+        [name, workload, "PASSED"] for name in ("reference", "correct_dps") for workload in ("smoke_empty_short", "smoke_mixed"))
+    rows = [line for line in table.splitlines() if "PASSED" in line]
     assert len(rows) == 4  # reference and correct_dps on both smoke workloads
     assert sum("correct_dps" in row for row in rows) == 2 and sum("reference" in row for row in rows) == 2
     assert all("smoke_empty_short" in row or "smoke_mixed" in row for row in rows)
@@ -73,7 +77,7 @@ def test_run_on_two_cpu_devices(module_repo, tmp_path):
     result = invoke(module_repo, "run", "--def", "mla_paged_decode", "--solution", str(FIXTURES / "correct_dps"),
                     "--workload", "smoke_mixed", "--trace-dir", str(tmp_path), "--devices", "cpu:2", *FAST[2:])
     assert result.exit_code == 0, result.output
-    rows = [line for line in result.output.splitlines() if "PASSED" in line]
+    rows = [line for line in result.output.split("results", 1)[1].splitlines() if "PASSED" in line]
     assert len(rows) == 2 and "reference" in rows[0] and "correct_dps" in rows[1]
     (trace_file,) = tmp_path.glob(f"*/{DEFINITION}.jsonl")
     assert len(trace_file.read_text().splitlines()) == 2

@@ -115,8 +115,3 @@ def test_clock_is_captured_at_import(monkeypatch):
     samples = time_host(lambda i: ticks.append(i), lambda i: None, sets=1, warmup=0, iters=3)
     assert len(samples) == 3 and len(ticks) == 3
     assert timing._perf_counter is not time.perf_counter
-
-
-def test_host_wall_clock_excludes_preparation(monkeypatch):
-    fake = FakeSolution(monkeypatch, durations=[0.004])
-    assert timing.HostTimer().wall_clock(fake.call, fake.prepare, sets=1, iters=5) == pytest.approx(4.0)

@@ -48,7 +48,9 @@ def device_label(options: RunOptions) -> str:
 
 
 def execute(repo, definition_name, folders, workloads, options) -> list:
-    runner = Runner(repo, definition_name, options)
+    # A terminal shows a progress bar; a log file gets a line per finished job instead, so a long
+    # run written to a file shows where it is.
+    runner = Runner(repo, definition_name, options, on_result=(lambda trace: None) if console.is_terminal else print_trace_line)
     candidates = runner.candidates(folders)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
@@ -60,6 +62,14 @@ def execute(repo, definition_name, folders, workloads, options) -> list:
     if options.save:
         console.print(f"traces: {result.trace_file}", highlight=False)
     return result.traces
+
+
+def print_trace_line(trace) -> None:
+    perf = trace.performance
+    latency = f" {perf.latency_ms * 1e3:.1f} µs" if perf else ""
+    message = f" {trace.message[:120]}" if trace.message and trace.status != "PASSED" else ""
+    console.print(f"{trace.solution} {trace.workload_name or trace.workload[:8]} {trace.status}{latency}{escape(message)}",
+                  highlight=False)
 
 
 def print_summary(traces) -> None:

@@ -42,7 +42,8 @@ CROSSCHECK_SLACK_MS = 0.05
 
 
 class HostTimer:
-    """CPU: the host clock around each call. Same protocol as CudaTimer, without an L2 flush."""
+    """CPU: the host clock around each call. Same protocol as CudaTimer, without an L2 flush and
+    without the wall-clock crosscheck (both of its clocks would be this one)."""
 
     def flush(self) -> None:
         pass
@@ -60,17 +61,6 @@ class HostTimer:
             call(k % sets)
             samples.append((_perf_counter() - start) * 1e3)
         return samples
-
-    def wall_clock(self, call: Call, prepare: Prepare, sets: int, iters: int) -> float:
-        """Host time per call over a batch, minus the preparation alone."""
-        def batch(with_call: bool) -> float:
-            start = _perf_counter()
-            for k in range(iters):
-                prepare(k % sets)
-                if with_call:
-                    call(k % sets)
-            return (_perf_counter() - start) * 1e3
-        return max(batch(True) - batch(False), 0.0) / iters
 
 
 class CudaTimer:

@@ -25,8 +25,8 @@ from solution_checks import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFINITIONS = {
-    "flashmla_decode_causal_h128_ckv512_kpe64_ps64": {"triton_splitkv", "torch_vectorized"},
-    "flashmla_decode_causal_h16_ckv512_kpe64_ps64": {"triton_splitkv", "torch_vectorized"},
+    "flashmla_decode_causal_h128_ckv512_kpe64_ps64": {"triton_splitkv", "triton_balanced", "torch_vectorized"},
+    "flashmla_decode_causal_h16_ckv512_kpe64_ps64": {"triton_splitkv", "triton_balanced", "torch_vectorized"},
     "mha_varlen_prefill_causal_h128_dqk128_dv128": {"triton_fa2", "torch_vectorized"},
     "mha_varlen_prefill_causal_h128_dqk192_dv128": {"triton_fa2", "torch_vectorized"},
 }
@@ -73,17 +73,22 @@ def nan_tail_case(seed=0):
 
 
 def check_decode_on_nan_tails():
-    """Runs in a child process under the interpreter: the Triton kernel split and unsplit."""
+    """Runs in a child process under the interpreter: both Triton kernels, with and without splits
+    (triton_balanced with one unit in all, and with units cut to 64 keys so every request splits)."""
     reference = load_module("decode_reference", ROOT / Repo(ROOT).definition(DECODE_H16).reference)
-    kernel = load_module("decode_triton", ROOT / "solutions" / DECODE_H16 / "triton_splitkv" / "kernel.py")
+    folder = ROOT / "solutions" / DECODE_H16
+    splitkv = load_module("decode_triton", folder / "triton_splitkv" / "kernel.py")
+    balanced = load_module("decode_balanced", folder / "triton_balanced" / "kernel.py")
+    variants = {"splitkv 1": (splitkv, {"num_splits": 1}), "splitkv 3": (splitkv, {"num_splits": 3}),
+                "balanced 1": (balanced, {"target_units": 1}), "balanced 64-key units": (balanced, {"target_units": 8, "min_chunk": 64})}
     inputs = nan_tail_case()
     ref_out, ref_lse = reference.run(*inputs)
     errors = {}
-    for splits in (1, 3):
+    for name, (kernel, options) in variants.items():
         out = torch.full_like(ref_out, float("nan"))
         lse = torch.full_like(ref_lse, float("nan"))
-        kernel.launch(*inputs, out, lse, num_splits=splits)
-        errors[splits] = [(out.float() - ref_out.float()).abs().max().item(), (lse - ref_lse).abs().max().item()]
+        kernel.launch(*inputs, out, lse, **options)
+        errors[name] = [(out.float() - ref_out.float()).abs().max().item(), (lse - ref_lse).abs().max().item()]
     print(json.dumps(errors))
 
 
@@ -92,8 +97,9 @@ def test_triton_decode_ignores_block_tails():
     proc = subprocess.run([sys.executable, __file__, "--nan-tails"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     errors = json.loads(proc.stdout.strip().splitlines()[-1])
-    for splits, (out_error, lse_error) in errors.items():
-        assert out_error <= 2e-2 and lse_error <= 1e-3, (splits, out_error, lse_error)  # NaN fails too
+    assert len(errors) == 4
+    for variant, (out_error, lse_error) in errors.items():
+        assert out_error <= 2e-2 and lse_error <= 1e-3, (variant, out_error, lse_error)  # NaN fails too
 
 
 def test_torch_decode_ignores_block_tails():

@@ -188,7 +188,7 @@ def test_cli_errors_are_one_line_and_exit_2(recorded, tmp_path):
 def test_report_command_still_works(recorded):
     result = invoke("report", "--def", "mla_paged_decode", "--hardware", "GPU X", "--trace-dir", str(recorded))
     assert result.exit_code == 0, result.output
-    assert "2000.0 (50%)" in result.output  # fast on the first workload: 2 ms against a 1 ms floor
+    assert "2000.0 (50%, 500 GB/s)" in result.output  # fast on the first workload: 1 GB in 2 ms against a 1 ms floor
 
 
 # ---- end to end ------------------------------------------------------------------------------

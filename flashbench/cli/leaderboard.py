@@ -104,7 +104,8 @@ def compare(ctx, a, b, definition, hardware, trace_dir):
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the Markdown here.")
 @click.pass_context
 def report(ctx, definition, hardware, trace_dir, out):
-    """A Markdown benchmark table from recorded traces: floor and each solution's latency per workload."""
+    """A Markdown benchmark table from recorded traces: per workload the floor and each solution's
+    latency, share of the floor and achieved TFLOP/s or GB/s."""
     from ..calibrate import load_calibration
     from ..leaderboard import benchmark_table, markdown_report
     from ..traces import read_traces, trace_path

@@ -125,6 +125,21 @@ def test_chunked_comparison_counts_across_chunks(monkeypatch):
     assert output_error(got, expected, Tolerance(atol=1e-2, rtol=1e-2, max_mismatch_fraction=0.5))[1]
 
 
+def test_a_comparison_without_device_memory_is_done_on_the_host(monkeypatch):
+    # The device stands in for a GPU whose memory a solution's worker holds.
+    chunk_errors = check._chunk_errors
+
+    def out_of_memory_off_the_host(got, expected, tolerance):
+        if got.device.type != "cpu":
+            raise torch.cuda.OutOfMemoryError("out of memory")
+        return chunk_errors(got, expected, tolerance)
+
+    monkeypatch.setattr(check, "_chunk_errors", out_of_memory_off_the_host)
+    got, expected = torch.tensor([1.0, 2.0, 5.0]), torch.tensor([1.0, 2.0, 3.0])
+    stats, bad = output_error(got, expected, STRICT, device="meta")
+    assert bad and stats.max_abs_error == 2.0 and stats.mismatch_fraction == pytest.approx(1 / 3)
+
+
 def test_comparison_keeps_the_shape_free_of_copies():
     # A [2, 3, 4] output is compared element for element, whatever its layout in chunks.
     expected = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)

@@ -61,15 +61,23 @@ def output_error(got: torch.Tensor, expected: torch.Tensor, tolerance, device="c
     chunk by chunk. Matching same-sign infinities agree (an lse of -inf for an empty request);
     NaN never passes."""
     got, expected = got.reshape(-1), expected.reshape(-1)
-    totals = torch.zeros(4, dtype=torch.float64, device=device)  # max abs, max rel, outside, NaNs
-    for start in range(0, got.numel(), CHUNK_ELEMENTS):
-        chunk = slice(start, start + CHUNK_ELEMENTS)
-        totals = _combine(totals, _chunk_errors(got[chunk].to(device), expected[chunk].to(device), tolerance))
+    try:
+        totals = _error_totals(got, expected, tolerance, device)
+    except torch.cuda.OutOfMemoryError:  # a solution's worker may hold the GPU's memory: the host is slower, never wrong
+        totals = _error_totals(got, expected, tolerance, "cpu")
     max_abs, max_rel, outside, nans = totals.tolist()
     mismatch = outside / max(got.numel(), 1)
     error = OutputError(max_abs_error=max_abs, max_rel_error=max_rel, mismatch_fraction=mismatch)
     # max_mismatch_fraction allows elements slightly outside the tolerance, never a NaN (e.g. an unwritten, poisoned element)
     return error, mismatch > tolerance.max_mismatch_fraction or nans > 0
+
+
+def _error_totals(got: torch.Tensor, expected: torch.Tensor, tolerance, device) -> torch.Tensor:
+    totals = torch.zeros(4, dtype=torch.float64, device=device)  # max abs, max rel, outside, NaNs
+    for start in range(0, got.numel(), CHUNK_ELEMENTS):
+        chunk = slice(start, start + CHUNK_ELEMENTS)
+        totals = _combine(totals, _chunk_errors(got[chunk].to(device), expected[chunk].to(device), tolerance))
+    return totals
 
 
 def _combine(totals: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:

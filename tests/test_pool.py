@@ -14,7 +14,7 @@ import torch
 
 from flashbench import FlashbenchError, Repo
 from flashbench.run import RunOptions, RunResult, Runner, parse_devices, select_solutions, select_workloads
-from flashbench.run.pool import DevicePool
+from flashbench.run.pool import DevicePool, Lane
 from flashbench.run.process import DeviceUnusable
 from flashbench.run.runner import Job
 
@@ -103,6 +103,9 @@ class StandInRunner:
 
     def known_failure(self, candidate):
         return None
+
+    def settle_references(self, workload, device):
+        pass
 
     def start_worker(self, candidate, device):
         with self.lock:
@@ -213,6 +216,32 @@ def test_all_without_a_gpu(monkeypatch):
 
 
 # A trace file changed while several jobs ran: every one of them is rejected.
+
+def test_a_reference_that_finds_the_device_full_ends_the_idle_worker_and_runs(repo_copy, shared_cache, tmp_path,
+                                                                              monkeypatch):
+    # The second workload's reference finds the device's memory taken (a solution's worker can hold
+    # it): the lane's idle worker is ended, the reference tried again, and the run goes on.
+    compute, calls, closed = Runner.compute_references, [], []
+
+    def full_once(runner, workload, keys, device):
+        calls.append(workload.name)
+        if len(calls) == 2:
+            raise torch.cuda.OutOfMemoryError("out of memory")
+        return compute(runner, workload, keys, device)
+
+    close = Lane.close
+
+    def counted_close(lane):
+        closed.append((len(calls), lane.worker is not None))
+        close(lane)
+
+    monkeypatch.setattr(Runner, "compute_references", full_once)
+    monkeypatch.setattr(Lane, "close", counted_close)
+    result = run_on(repo_copy, shared_cache, tmp_path, ["cpu"], solutions=SOLUTIONS[:1])
+    assert {status for _, _, status in outcomes(result)} == {"PASSED"} and len(result.traces) == 4
+    assert calls[1] == calls[2]  # the failed reference, computed again
+    assert (2, True) in closed  # when the second reference failed, the idle worker of the reference was ended
+
 
 def test_a_changed_trace_file_rejects_every_job_that_ran_alongside(one_device, repo_copy, shared_cache, tmp_path):
     runner = Runner(Repo(repo_copy), DEFINITION, RunOptions(device="cpu", trace_dir=tmp_path, cache_dir=shared_cache))

@@ -73,6 +73,9 @@ class Lane:
             failure = self.runner.known_failure(job.candidate)
         if failure is not None:  # nothing runs: recorded against the run's device, not this one
             return self.runner.judge(job, failure, self.runner.options.device)
+        self.runner.settle_references(job.workload, self.device)
+        if self.worker is None:  # ended to free the device for the references (see reference_outputs)
+            self.worker = self._start(job.candidate)
         trace, ended = self.runner.run_job(self.worker, job, self.device)
         if ended:
             self.close()
@@ -164,7 +167,14 @@ class DevicePool:
     def reference_outputs(self, workload, keys, device):
         # In this process, on the device that asks: its own worker is idle meanwhile, so no job is
         # timed on a device that computes a reference.
-        return self.runner.compute_references(workload, keys, device)
+        try:
+            return self.runner.compute_references(workload, keys, device)
+        except torch.cuda.OutOfMemoryError:
+            # That idle worker may hold the device's memory (a solution can take all of it): it is
+            # ended, and the lane starts a fresh one for its next job.
+            next(lane for lane in self.lanes if lane.device == device).close()
+            torch.cuda.empty_cache()
+            return self.runner.compute_references(workload, keys, device)
 
     def _serve(self, lane: Lane) -> None:
         try:

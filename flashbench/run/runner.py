@@ -314,10 +314,14 @@ class Runner:
     def seeds(self) -> list[int]:
         return [self.options.seed + i for i in range(self.options.input_sets)]
 
+    def settle_references(self, workload: Workload, device: str) -> None:
+        """The reference outputs of the first calls, settled before the solution runs: nothing it
+        writes can change them."""
+        self.expected(workload, [(seed, 0) for seed in self.seeds()], device)
+
     def run_job(self, worker: WorkerProcess, job: Job, device: str) -> tuple[Trace, bool]:
         """The job's trace, and whether the worker ended (the next job needs a fresh one)."""
-        # Settled before the solution runs: nothing it writes can change them.
-        self.expected(job.workload, [(seed, 0) for seed in self.seeds()], device)
+        self.settle_references(job.workload, device)
         outcome = process.run_job(worker, self.job_request(job.workload), self.options.timeout, self.on_gpu)
         return self.judge(job, outcome, device), outcome.ended
 

@@ -215,8 +215,6 @@ def test_all_without_a_gpu(monkeypatch):
         parse_devices("all")
 
 
-# A trace file changed while several jobs ran: every one of them is rejected.
-
 def test_a_reference_that_finds_the_device_full_ends_the_idle_worker_and_runs(repo_copy, shared_cache, tmp_path,
                                                                               monkeypatch):
     # The second workload's reference finds the device's memory taken (a solution's worker can hold
@@ -242,6 +240,8 @@ def test_a_reference_that_finds_the_device_full_ends_the_idle_worker_and_runs(re
     assert calls[1] == calls[2]  # the failed reference, computed again
     assert (2, True) in closed  # when the second reference failed, the idle worker of the reference was ended
 
+
+# A trace file changed while several jobs ran: every one of them is rejected.
 
 def test_a_changed_trace_file_rejects_every_job_that_ran_alongside(one_device, repo_copy, shared_cache, tmp_path):
     runner = Runner(Repo(repo_copy), DEFINITION, RunOptions(device="cpu", trace_dir=tmp_path, cache_dir=shared_cache))

@@ -320,8 +320,8 @@ class Runner:
         self.expected(workload, [(seed, 0) for seed in self.seeds()], device)
 
     def run_job(self, worker: WorkerProcess, job: Job, device: str) -> tuple[Trace, bool]:
-        """The job's trace, and whether the worker ended (the next job needs a fresh one)."""
-        self.settle_references(job.workload, device)
+        """The job's trace, and whether the worker ended (the next job needs a fresh one). The
+        caller has settled the workload's references (settle_references) before the worker runs."""
         outcome = process.run_job(worker, self.job_request(job.workload), self.options.timeout, self.on_gpu)
         return self.judge(job, outcome, device), outcome.ended
 

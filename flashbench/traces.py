@@ -1,4 +1,6 @@
-"""Append-only JSONL traces under traces/<hardware>/<definition>.jsonl.
+"""Append-only JSONL traces under traces/<hardware>/<definition>.jsonl (CUDA events, the default) or
+<definition>.graph.jsonl (CUDA-graph replay): a file holds one timing method, so numbers measured
+with and without launch overhead never meet in one table.
 
 Each record is written with one os.write on a file opened O_APPEND, so a crash or kill
 leaves whole lines; a torn last line (power loss) is skipped on reading and fenced off with
@@ -21,8 +23,17 @@ def hardware_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "unknown"
 
 
-def trace_path(trace_dir: Path, hardware: str, definition: str) -> Path:
-    return Path(trace_dir) / hardware_slug(hardware) / f"{definition}.jsonl"
+TIMING_METHODS = ("events", "graph")
+
+
+def trace_file_name(definition: str, timing: str = "events") -> str:
+    if timing not in TIMING_METHODS:
+        raise FlashbenchError(f"no timing method {timing!r}; known: {', '.join(TIMING_METHODS)}")
+    return f"{definition}.jsonl" if timing == "events" else f"{definition}.{timing}.jsonl"
+
+
+def trace_path(trace_dir: Path, hardware: str, definition: str, timing: str = "events") -> Path:
+    return Path(trace_dir) / hardware_slug(hardware) / trace_file_name(definition, timing)
 
 
 def check_writable(path: Path) -> None:

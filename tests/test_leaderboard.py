@@ -191,6 +191,21 @@ def test_report_command_still_works(recorded):
     assert "2000.0 (50%, 500 GB/s)" in result.output  # fast on the first workload: 1 GB in 2 ms against a 1 ms floor
 
 
+def test_graph_timings_are_shown_only_with_timing_graph(recorded):
+    uuid = decode_workloads()[0].uuid
+    append_trace(trace_path(recorded, "GPU X", DECODE, "graph"), make_trace("fast", uuid, 1.5, hardware="GPU X", definition=DECODE))
+    events = invoke("report", "--def", "mla_paged_decode", "--hardware", "GPU X", "--trace-dir", str(recorded))
+    graph = invoke("report", "--def", "mla_paged_decode", "--hardware", "GPU X", "--trace-dir", str(recorded), "--timing", "graph")
+    assert graph.exit_code == 0, graph.output
+    assert "1500.0 (67%" in graph.output and "CUDA-graph replay" in graph.output and "2000.0" not in graph.output
+    assert "1500.0" not in events.output
+    board = invoke("leaderboard", "--def", "mla_paged_decode", "--hardware", "GPU X", "--trace-dir", str(recorded),
+                   "--timing", "graph", "--format", "csv")
+    assert board.exit_code == 0, board.output
+    ranked = [line.split(",")[1] for line in board.output.splitlines()[1:]]
+    assert ranked == ["fast"]  # only what was timed by graph replay
+
+
 # ---- end to end ------------------------------------------------------------------------------
 
 def test_a_real_cpu_run_makes_a_leaderboard(fresh_repo, tmp_path):

@@ -58,3 +58,11 @@ def test_reads_every_hardware_folder_or_one(tmp_path):
     assert sorted(read_results(tmp_path, "d")["hardware"]) == ["gpu_x", "gpu_y"]
     assert list(read_results(tmp_path, "d", "gpu_y")["hardware_name"]) == ["GPU Y"]
     assert read_results(tmp_path, "other").empty
+
+
+def test_timings_of_another_method_are_read_only_when_asked(tmp_path):
+    append_trace(trace_path(tmp_path, "GPU X", "d"), make_trace("s", "w1-aaaaaa", 2.0))
+    append_trace(trace_path(tmp_path, "GPU X", "d", "graph"), make_trace("s", "w1-aaaaaa", 1.5))
+    assert list(read_results(tmp_path, "d")["latency_ms"]) == [2.0]
+    assert list(read_results(tmp_path, "d", timing="graph")["latency_ms"]) == [1.5]
+    assert list(read_results(tmp_path, "d", "gpu_x", "graph")["latency_ms"]) == [1.5]

@@ -190,3 +190,17 @@ def test_runner_refuses_an_unwritable_trace_dir_before_any_work(repo_copy, share
     with pytest.raises(FlashbenchError, match="cannot write traces"):
         runner.run(runner.candidates([]), select_workloads(repo, DEFINITION, [], "cpu"))
     assert seen == []
+
+
+def test_each_timing_method_has_its_own_file(tmp_path):
+    assert trace_path(tmp_path, "GPU X", "d") == tmp_path / "gpu_x" / "d.jsonl"
+    assert trace_path(tmp_path, "GPU X", "d", "graph") == tmp_path / "gpu_x" / "d.graph.jsonl"
+    with pytest.raises(FlashbenchError, match="no timing method 'wall'"):
+        trace_path(tmp_path, "GPU X", "d", "wall")
+
+
+def test_graph_timing_on_a_cpu_is_refused_before_any_work(repo_copy, shared_cache, tmp_path):
+    options = RunOptions(device="cpu", timing="graph", trace_dir=tmp_path, cache_dir=shared_cache)
+    with pytest.raises(FlashbenchError, match="needs a CUDA device"):
+        Runner(Repo(repo_copy), DEFINITION, options)
+    assert not any(tmp_path.iterdir())

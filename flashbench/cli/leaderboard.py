@@ -10,6 +10,9 @@ from ..errors import FlashbenchError
 from . import console, main, repo_from
 
 FORMATS = ["table", "markdown", "csv", "json", "html"]
+TIMING_OPTION = click.option(
+    "--timing", type=click.Choice(["events", "graph"]), default="events", show_default=True,
+    help="Which recorded timings: CUDA events (<def>.jsonl) or CUDA-graph replay (<def>.graph.jsonl).")
 
 
 def trace_options(func):
@@ -18,6 +21,7 @@ def trace_options(func):
         click.option("--hardware", default=None, help="Hardware name or its folder under traces/ (default: every folder)."),
         click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                      help="Default: traces/ in the repo."),
+        TIMING_OPTION,
     ]
     for option in reversed(options):
         func = option(func)
@@ -49,14 +53,14 @@ def write_text(text: str, out: Path | None) -> None:
 @click.option("--charts", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write latency and roofline PNGs per hardware into this folder.")
 @click.pass_context
-def leaderboard(ctx, definition, hardware, trace_dir, baseline, by_workload, fmt, out, charts):
+def leaderboard(ctx, definition, hardware, trace_dir, timing, baseline, by_workload, fmt, out, charts):
     """Rank solutions per hardware from recorded traces (see `flashbench.leaderboard` for the rules)."""
     from .. import leaderboard as lb
     from ..leaderboard import formats
 
     repo = repo_from(ctx)
     name = repo.resolve(definition)
-    boards = _boards(repo, name, hardware, trace_dir, baseline)
+    boards = _boards(repo, name, hardware, trace_dir, timing, baseline)
     if charts:
         for board in boards:
             for path in lb.save_charts(board, charts):
@@ -83,7 +87,7 @@ def leaderboard(ctx, definition, hardware, trace_dir, baseline, by_workload, fmt
 @click.argument("b")
 @trace_options
 @click.pass_context
-def compare(ctx, a, b, definition, hardware, trace_dir):
+def compare(ctx, a, b, definition, hardware, trace_dir, timing):
     """Per workload, is B faster, slower or the same as A (by the 95% intervals of the medians)?"""
     from .. import leaderboard as lb
 
@@ -91,7 +95,7 @@ def compare(ctx, a, b, definition, hardware, trace_dir):
     name = repo.resolve(definition)
     workload_set = repo.workload_set(name)
     comparisons = lb.compare(trace_dir or repo.root / "traces", name, a, b,
-                             workload_set.workloads if workload_set else None, hardware)
+                             workload_set.workloads if workload_set else None, hardware, timing)
     for comparison in comparisons:
         console.print(rich_table(lb.comparison_display(comparison), title=f"{comparison.hardware_name}: {b} against {a}"))
         console.print(comparison.summary, markup=False, highlight=False)
@@ -101,9 +105,10 @@ def compare(ctx, a, b, definition, hardware, trace_dir):
 @click.option("--def", "definition", required=True, help="Definition name or unique prefix.")
 @click.option("--hardware", required=True, help="Hardware name or its folder under traces/, e.g. nvidia_h200.")
 @click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default: traces/ in the repo.")
+@TIMING_OPTION
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the Markdown here.")
 @click.pass_context
-def report(ctx, definition, hardware, trace_dir, out):
+def report(ctx, definition, hardware, trace_dir, timing, out):
     """A Markdown benchmark table from recorded traces: per workload the floor and each solution's
     latency, share of the floor and achieved TFLOP/s or GB/s."""
     from ..calibrate import load_calibration
@@ -113,24 +118,25 @@ def report(ctx, definition, hardware, trace_dir, out):
     repo = repo_from(ctx)
     name = repo.resolve(definition)
     trace_dir = trace_dir or repo.root / "traces"
-    path = trace_path(trace_dir, hardware, name)
+    path = trace_path(trace_dir, hardware, name, timing)
     traces = read_traces(path)
     if not traces:
         raise FlashbenchError("no traces recorded here", path)
     calibration = load_calibration(trace_dir, hardware)
     table = benchmark_table(traces, repo.workload_set(name).workloads, hardware, calibration)
     shown = path.relative_to(repo.root) if path.is_relative_to(repo.root) else path
-    write_text(markdown_report(f"{name} on {traces[0].hardware}", table, calibration, shown), out)
+    title = f"{name} on {traces[0].hardware}" + (", CUDA-graph replay" if timing == "graph" else "")
+    write_text(markdown_report(title, table, calibration, shown), out)
 
 
-def _boards(repo, name, hardware, trace_dir, baseline):
+def _boards(repo, name, hardware, trace_dir, timing, baseline):
     from ..leaderboard import leaderboards
-    from ..traces import trace_path
+    from ..traces import trace_file_name, trace_path
 
     trace_dir = trace_dir or repo.root / "traces"
     workload_set = repo.workload_set(name)
-    boards = leaderboards(trace_dir, name, workload_set.workloads if workload_set else None, hardware, baseline)
+    boards = leaderboards(trace_dir, name, workload_set.workloads if workload_set else None, hardware, baseline, timing)
     if not boards:
-        where = trace_path(trace_dir, hardware, name) if hardware else Path(trace_dir) / "*" / f"{name}.jsonl"
+        where = trace_path(trace_dir, hardware, name, timing) if hardware else Path(trace_dir) / "*" / trace_file_name(name, timing)
         raise FlashbenchError("no traces recorded here", where)
     return boards

@@ -67,9 +67,9 @@ def build_boards(frame: pd.DataFrame, workloads: list[Workload] | None = None, b
 
 
 def leaderboards(trace_dir: Path, definition: str, workloads: list[Workload] | None = None,
-                 hardware: str | None = None, baseline: str | None = None) -> list[Board]:
-    """Boards from traces/<hardware>/<definition>.jsonl, each with that folder's calibration.json."""
-    frame = read_results(trace_dir, definition, hardware)
+                 hardware: str | None = None, baseline: str | None = None, timing: str = "events") -> list[Board]:
+    """Boards from the traces of one timing method under traces/<hardware>/, each with that folder's calibration.json."""
+    frame = read_results(trace_dir, definition, hardware, timing)
     return build_boards(frame, workloads, baseline, calibrations_for(trace_dir, frame))
 
 

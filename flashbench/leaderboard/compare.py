@@ -36,8 +36,8 @@ def compare_solutions(frame: pd.DataFrame, a: str, b: str, workloads: list[Workl
 
 
 def compare(trace_dir: Path, definition: str, a: str, b: str, workloads: list[Workload] | None = None,
-            hardware: str | None = None) -> list[Comparison]:
-    frame = read_results(trace_dir, definition, hardware)
+            hardware: str | None = None, timing: str = "events") -> list[Comparison]:
+    frame = read_results(trace_dir, definition, hardware, timing)
     comparisons = compare_solutions(frame, a, b, workloads, calibrations_for(trace_dir, frame))
     if not comparisons:
         raise FlashbenchError(f"no hardware has results of both {a!r} and {b!r} for {definition}", trace_dir)

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Calibration, Trace
-from ..traces import hardware_slug, read_traces, trace_path
+from ..traces import hardware_slug, read_traces, trace_file_name, trace_path
 
 COLUMNS = [
     "hardware", "hardware_name", "definition", "workload", "workload_name", "solution", "solution_hash",
@@ -37,12 +37,12 @@ def traces_frame(traces: Iterable[Trace]) -> pd.DataFrame:
     return frame
 
 
-def read_results(trace_dir: Path, definition: str, hardware: str | None = None) -> pd.DataFrame:
-    """Every trace of a definition under trace_dir: one hardware folder, or all of them."""
+def read_results(trace_dir: Path, definition: str, hardware: str | None = None, timing: str = "events") -> pd.DataFrame:
+    """Every trace of a definition timed one way under trace_dir: one hardware folder, or all of them."""
     if hardware:
-        paths = [trace_path(trace_dir, hardware, definition)]
+        paths = [trace_path(trace_dir, hardware, definition, timing)]
     else:
-        paths = sorted(Path(trace_dir).glob(f"*/{definition}.jsonl"))
+        paths = sorted(Path(trace_dir).glob(f"*/{trace_file_name(definition, timing)}"))
     return traces_frame(trace for path in paths for trace in read_traces(path))
 
 

@@ -166,7 +166,11 @@ class Runner:
         self.options = options
         self.on_result = on_result
         self.cache_dir = options.cache_dir or repo.root / CACHE_DIR_NAME
-        self.trace_file = trace_path(options.trace_dir or repo.root / "traces", hardware_name(options.device), self.definition.name)
+        self.on_gpu = torch.device(options.device).type == "cuda"
+        if options.timing == "graph" and not self.on_gpu:
+            raise FlashbenchError("--timing graph replays CUDA graphs: it needs a CUDA device")
+        self.trace_file = trace_path(options.trace_dir or repo.root / "traces", hardware_name(options.device),
+                                     self.definition.name, options.timing)
         self.reference = repo.reference(self.definition.name)
         self.reference_candidate = reference_candidate(repo, self.definition, self.cache_dir)
         self.reference_source = (self.reference_candidate.folder / "reference.py").read_text()
@@ -175,7 +179,6 @@ class Runner:
         self.reference_cache = options.reference_cache_dir or default_reference_cache()
         self.calibration = load_calibration(self.trace_file.parent.parent, self.environment["hardware"])
         self.devices = list(options.devices or [options.device])
-        self.on_gpu = torch.device(options.device).type == "cuda"
         self.reference_latency: dict[str, float] = {}
         self._expected: OrderedDict[tuple[str, int, int], dict] = OrderedDict()
         self._verified: set[str] = set()

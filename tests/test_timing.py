@@ -66,6 +66,16 @@ def test_crosscheck_flagging_rule(events, wall, agrees):
     assert result["wall_ms"] == wall and "method" in result
 
 
+@pytest.mark.parametrize("events, wall, host_call, agrees", [
+    (0.011, 0.09, 0.08, True),    # a tiny kernel behind a slow launch: the gap is host time
+    (0.011, 0.09, 0.01, False),   # the same gap with a quick launch: device work escaped
+    (0.4, 1.0, 0.3, False),       # 0.6 ms apart: more than the slack plus 0.3 ms of host time
+    (0.4, 1.0, 0.6, True),        # the whole gap is host time spent in the call
+])
+def test_crosscheck_allows_the_host_time_of_the_call(events, wall, host_call, agrees):
+    assert timing.crosscheck(events, wall, host_call)["agrees"] is agrees
+
+
 class FakeSolution:
     """Records every prepare and call; each call advances a fake clock by a known amount."""
 
@@ -115,3 +125,23 @@ def test_clock_is_captured_at_import(monkeypatch):
     samples = time_host(lambda i: ticks.append(i), lambda i: None, sets=1, warmup=0, iters=3)
     assert len(samples) == 3 and len(ticks) == 3
     assert timing._perf_counter is not time.perf_counter
+
+
+def test_wall_clock_subtracts_the_flush_batch_and_reports_host_time_in_the_call(monkeypatch):
+    """The CUDA timer's crosscheck with the device sync stubbed: a call whose work finishes at the
+    sync shows in the wall clock but not in the host time inside the call."""
+    fake = FakeSolution(monkeypatch, durations=[0.002])
+    monkeypatch.setattr(timing, "_synchronize", lambda device: setattr(fake, "now", fake.now + 0.001 * fake.pending))
+    fake.pending = 0
+
+    def call(i):
+        fake.call(i)
+        fake.pending = 3  # 3 ms of device work left when the call returns
+
+    def prepare(i):
+        fake.prepare(i)
+        fake.pending = 0
+
+    timer = timing.CudaTimer("cpu", flush_bytes=16)
+    wall_ms, host_ms = timer.wall_clock(call, prepare, sets=1, iters=4)
+    assert wall_ms == pytest.approx(5.0) and host_ms == pytest.approx(2.0)

@@ -438,7 +438,7 @@ class Runner:
         if "samples" not in reply:
             return None
         stats = timing.summarize(reply["samples"])
-        check = timing.crosscheck(stats["latency_ms"], reply["wall_ms"]) if "wall_ms" in reply else {}
+        check = timing.crosscheck(stats["latency_ms"], reply["wall_ms"], reply["host_call_ms"]) if "wall_ms" in reply else {}
         cost = self._cost(workload)
         reference_ms = stats["latency_ms"] if candidate.solution.name == REFERENCE else self.reference_latency.get(workload.uuid)
         return Performance(

@@ -114,7 +114,7 @@ def test_workload_set_naming_the_wrong_definition(root):
     assert PREFILL in info.value.message
 
     # validate catches it too, and says the same
-    results = {c.path: c for c in validate(Repo(root))}
+    results = {c.path: c for c in validate(Repo(root), [path])}
     assert not results[path].ok and "definition" in results[path].error and PREFILL in results[path].error
 
 
@@ -125,7 +125,7 @@ def test_workload_set_naming_a_prefix_of_its_definition(root):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(FlashbenchError):
         Repo(root).workload_set(DECODE)
-    assert not {c.path: c for c in validate(Repo(root))}[path].ok
+    assert not {c.path: c for c in validate(Repo(root), [path])}[path].ok
 
 
 def test_missing_workload_set_is_none(root):
@@ -139,7 +139,7 @@ def test_solution_folders_are_found(root):
     assert [f.path for f in found] == [path]
     assert found[0].solution.entry_function == "run"
     assert Repo(root).solution_folders(PREFILL) == []
-    assert all(c.ok for c in validate(Repo(root)))
+    assert all(c.ok for c in validate(Repo(root), [root / "solutions"]))
 
 
 def test_solution_folder_under_the_wrong_definition(root):
@@ -149,7 +149,7 @@ def test_solution_folder_under_the_wrong_definition(root):
     assert info.value.file == str(path / "solution.yaml") and info.value.field == "definition"
     assert f"solutions/{DECODE}/" in info.value.message
 
-    results = {c.path: c for c in validate(Repo(root))}
+    results = {c.path: c for c in validate(Repo(root), [path])}
     assert results[path].kind == "solution" and not results[path].ok
     assert f"{path / 'solution.yaml'}: definition:" in results[path].error
 
@@ -168,14 +168,14 @@ def test_solution_naming_an_unknown_definition_fails_validation(root):
     data = yaml.safe_load(manifest.read_text())
     data["definition"] = "gemm_n4096"
     manifest.write_text(yaml.safe_dump(data))
-    results = {c.path: c for c in validate(Repo(root))}
+    results = {c.path: c for c in validate(Repo(root), [path])}
     assert not results[path].ok and "no definition named 'gemm_n4096'" in results[path].error
 
 
 def test_solution_with_wrong_signature_fails_validation(root):
     path = add_solution(root, DECODE, DECODE)
     (path / "kernel.py").write_text("def run(q_nope, q_pe):\n    pass\n")
-    results = {c.path: c for c in validate(Repo(root))}
+    results = {c.path: c for c in validate(Repo(root), [path])}
     assert not results[path].ok and "entry_point" in results[path].error and "run takes (q_nope, q_pe)" in results[path].error
 
 

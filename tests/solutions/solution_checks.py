@@ -1,8 +1,9 @@
-"""Helpers shared by the solution tests: loading a file as a module, and comparing an attention
-result (output, lse) with the reference's. Importable from a test's child process too, which runs
+"""Helpers shared by the solution tests: loading a file as a module, comparing an attention
+result (output, lse) with the reference's, and reading ptxas's resource report. Importable from a test's child process too, which runs
 with this folder first on sys.path."""
 
 import importlib.util
+import re
 
 import torch
 
@@ -35,3 +36,31 @@ def compare(output, lse, ref_output, ref_lse):
     elif finite.any() and not torch.allclose(lse[finite], ref_lse[finite], **LSE_TOL):
         problems.append(f"lse max abs error {(lse[finite] - ref_lse[finite]).abs().max().item():.3g}")
     return problems
+
+
+def resource_report(log: str) -> list[dict]:
+    """Per kernel and target: registers, shared memory, stack, spill stores and loads (ptxas -v)."""
+    kernels = {}
+    current = None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)' for '([^']+)'", line)
+        if m:
+            current = (m.group(1), m.group(2))
+            kernels.setdefault(current, {"kernel": m.group(1), "target": m.group(2)})
+            continue
+        m = re.search(r"Function properties for (\S+)", line)
+        if m and current is not None and m.group(1) != current[0]:
+            current = None  # a device function's properties: not an entry
+            continue
+        if current is None:
+            continue
+        entry = kernels[current]
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            entry.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            entry["registers"] = int(m.group(1))
+            smem = re.search(r"(\d+) bytes smem", line)
+            entry["static_smem"] = int(smem.group(1)) if smem else 0
+    return list(kernels.values())

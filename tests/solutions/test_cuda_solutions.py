@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from solution_checks import resource_report
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "solutions"
@@ -77,34 +78,6 @@ def compile_source(nvcc: str, folder: Path, source: Path, flags: list[str]) -> d
     record = {"returncode": proc.returncode, "log": proc.stdout + proc.stderr, "object": str(obj)}
     record_path.write_text(json.dumps(record))
     return record
-
-
-def resource_report(log: str) -> list[dict]:
-    """Per kernel and target: registers, shared memory, stack, spill stores and loads (ptxas -v)."""
-    kernels = {}
-    current = None
-    for line in log.splitlines():
-        m = re.search(r"Compiling entry function '([^']+)' for '([^']+)'", line)
-        if m:
-            current = (m.group(1), m.group(2))
-            kernels.setdefault(current, {"kernel": m.group(1), "target": m.group(2)})
-            continue
-        m = re.search(r"Function properties for (\S+)", line)
-        if m and current is not None and m.group(1) != current[0]:
-            current = None  # a device function's properties: not an entry
-            continue
-        if current is None:
-            continue
-        entry = kernels[current]
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m:
-            entry.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
-        m = re.search(r"Used (\d+) registers", line)
-        if m:
-            entry["registers"] = int(m.group(1))
-            smem = re.search(r"(\d+) bytes smem", line)
-            entry["static_smem"] = int(smem.group(1)) if smem else 0
-    return list(kernels.values())
 
 
 def sass_counts(obj: str) -> dict[str, dict[str, int]] | None:

@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SOLUTIONS = [
     ("flashmla_sparse_prefill_h128_ckv512_kpe64_topk2048", "triton_gather"),
+    ("flashmla_sparse_prefill_h128_ckv512_kpe64_topk2048", "triton_gather_pipelined"),
     ("flashmla_sparse_prefill_sink_topklen_h64_ckv512_kpe64_topk2048", "triton_gather"),
     ("flashmla_sparse_decode_fp8_h128_ckv512_kpe64_ps64_topk2048", "triton_fp8_splitk"),
+    ("flashmla_sparse_decode_fp8_h128_ckv512_kpe64_ps64_topk2048", "triton_fp8_pipelined"),
     ("flashmla_sparse_decode_fp8_sink_h64_ckv512_kpe64_ps64_topk2048", "triton_fp8_splitk"),
     ("flashmla_sparse_prefill_h64_ckv512_kpe64_topk2048", "triton_gather"),
     ("flashmla_sparse_prefill_sink_topklen_h128_ckv512_kpe64_topk2048", "triton_gather"),

@@ -5,7 +5,7 @@ named under `sources`, else every `.cu` in the folder) is compiled on its own wi
 `nvcc -c <compile_flags> -Xptxas -v`, which must succeed, and ptxas's resource report must show
 no register spills (0 bytes spill stores and loads) for any kernel. The report (registers,
 shared memory, stack per kernel and target), and when `cuobjdump` is on PATH a count of tensor-core
-and asynchronous-copy instructions in the SASS, is printed (`pytest -s` shows it).
+and asynchronous-copy instructions in the SASS, is printed (`pytest -n 0 -s` shows it).
 
 Skipped when `nvcc` is not on PATH. Each compile is cached under the system temp directory by a
 hash of the solution folder's files, the flags and the nvcc version, so repeated runs reuse it.

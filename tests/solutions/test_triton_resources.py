@@ -5,7 +5,7 @@ definition, with shape-only ("meta") inputs, while kernel launches are recorded 
 Every recorded launch is then compiled by Triton for sm_90a the way that launch would specialise
 it on a GPU (argument dtypes, 16-byte alignment and integer specialisation, constexprs, warps,
 stages), and ptxas -v (Triton's own) reports registers, spills and shared memory per kernel
-(`pytest -s` prints the table). Each kernel must compile; a spill-free kernel must stay free of
+(`pytest -n 0 -s` prints the table). Each kernel must compile; a spill-free kernel must stay free of
 spills, and a kernel that spills today may not spill more than KNOWN_SPILLS says.
 
 Launch configurations that depend on the SM count see the solution's non-GPU value (small);

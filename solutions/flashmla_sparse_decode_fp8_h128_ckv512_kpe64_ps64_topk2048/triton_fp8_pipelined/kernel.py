@@ -52,7 +52,7 @@ NUM_STAGES = 2
 TARGET_PROGRAMS = 264  # two waves of the H200's 132 SMs
 MAX_SPLITS = 16
 COMBINE_HEADS = 4  # heads per combine program
-INTERPRETER_BLOCK_N = 64
+INTERPRETER_BLOCK_N = 256  # every tile is computed, valid entries or not: few large steps
 INTERPRETER_MAX_SPLITS = 2
 
 

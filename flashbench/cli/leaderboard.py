@@ -7,11 +7,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import FlashbenchError
+from ..traces import TIMING_METHODS
 from . import console, main, repo_from
 
 FORMATS = ["table", "markdown", "csv", "json", "html"]
 TIMING_OPTION = click.option(
-    "--timing", type=click.Choice(["events", "graph"]), default="events", show_default=True,
+    "--timing", type=click.Choice(TIMING_METHODS), default="events", show_default=True,
     help="Which recorded timings: CUDA events (<def>.jsonl) or CUDA-graph replay (<def>.graph.jsonl).")
 
 

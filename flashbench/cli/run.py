@@ -9,6 +9,7 @@ from rich.table import Table
 
 from ..errors import FlashbenchError
 from ..registry import load_solution_folder
+from ..traces import TIMING_METHODS
 from ..run import RunOptions, Runner, default_device, install_solution, parse_devices, select_solutions, select_workloads
 from . import console, main, repo_from
 
@@ -104,7 +105,7 @@ def timing_options(func):
         click.option("--iters", type=click.IntRange(1), default=None, help="Timed calls (default 100 on GPU, 5 on CPU)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first input set."),
         click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds for a build or a workload before the worker is killed."),
-        click.option("--timing", type=click.Choice(["events", "graph"]), default="events", show_default=True,
+        click.option("--timing", type=click.Choice(TIMING_METHODS), default="events", show_default=True,
                      help="events: CUDA events per call; graph: CUDA-graph replay, free of launch overhead."),
     ]
     for option in reversed(options):

@@ -30,6 +30,7 @@ from triton.runtime.jit import JITFunction, create_function_from_signature
 from flashbench import Repo
 from flashbench.binding import bind_axes, output_shapes
 from flashbench.dtypes import torch_dtype
+from flashbench.registry import load_solution_folder
 from flashbench.workloads import generate_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,19 +97,18 @@ def ptxas_resources(ptx: str, tmp_path: Path) -> dict:
 
 def launches_on_a_real_shape(folder: Path, monkeypatch) -> tuple[str, list[tuple]]:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the GPU's code path, not the interpreter's
-    spec = yaml.safe_load((folder / "solution.yaml").read_text())
+    solution = load_solution_folder(folder).solution
     repo = Repo(ROOT)
-    definition = repo.definition(spec["definition"])
+    definition = repo.definition(solution.definition)
     workload = next(w for w in repo.workload_set(definition.name).workloads if "smoke" not in w.tags)
     inputs = generate_inputs(definition, workload, 0, "meta", repo.definition_path(definition.name).parent)
     args = [inputs[name] for name in definition.inputs]
-    if spec.get("destination_passing_style", True):
+    if solution.destination_passing_style:
         shapes = output_shapes(definition, bind_axes(definition, inputs))
         args += [torch.empty(shape, dtype=torch_dtype(definition.outputs[name].dtype), device="meta")
                  for name, shape in shapes.items()]
-    file, function = spec["entry_point"].split("::")
-    module = load_module(f"triton_resources_{folder.parent.name}_{folder.name}", folder / file)
-    return workload.name, record_launches(lambda: getattr(module, function)(*args))
+    module = load_module(f"triton_resources_{folder.parent.name}_{folder.name}", folder / solution.entry_file)
+    return workload.name, record_launches(lambda: getattr(module, solution.entry_function)(*args))
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=[f"{f.parent.name}/{f.name}" for f in FOLDERS])

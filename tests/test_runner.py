@@ -194,6 +194,21 @@ def test_unknown_solution_and_wrong_definition(repo):
         select_solutions(repo, "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", [str(FIXTURES / "correct_dps")])
 
 
+def test_graph_runs_time_the_reference_with_events(repo, tmp_path):
+    """The reference copies index data to the host, which a CUDA graph cannot capture: under
+    --timing graph it is timed with events, and only the solutions are replayed in graphs."""
+    from dataclasses import replace
+
+    from flashbench.run.runner import Job
+
+    runner = Runner(repo, DEFINITION, RunOptions(trace_dir=tmp_path))
+    runner.options = replace(runner.options, timing="graph")  # a GPU run's options, without the GPU
+    reference, solution = runner.candidates(select_solutions(repo, DEFINITION, [str(FIXTURES / "correct_dps")]))
+    workload = select_workloads(repo, DEFINITION, ["smoke_mixed"], "cpu")[0]
+    methods = [runner.job_request(Job(0, c, workload))["timing"]["method"] for c in (reference, solution)]
+    assert methods == ["events", "graph"]
+
+
 # Resume after the runner was killed outright.
 
 def cli_command(repo_root, trace_dir, *arguments):

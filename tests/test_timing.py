@@ -145,3 +145,18 @@ def test_wall_clock_subtracts_the_flush_batch_and_reports_host_time_in_the_call(
     timer = timing.CudaTimer("cpu", flush_bytes=16)
     wall_ms, host_ms = timer.wall_clock(call, prepare, sets=1, iters=4)
     assert wall_ms == pytest.approx(5.0) and host_ms == pytest.approx(2.0)
+
+
+def test_wall_clock_ignores_a_single_host_stall(monkeypatch):
+    """One step stalled by 50 ms (another process, a page fault) must not move the crosscheck's wall clock."""
+    fake = FakeSolution(monkeypatch, durations=[0.002])
+    syncs = []
+
+    def synchronize(device):
+        syncs.append(device)
+        if len(syncs) == 12:  # the end of the first step with the call
+            fake.now += 0.050
+    monkeypatch.setattr(timing, "_synchronize", synchronize)
+    timer = timing.CudaTimer("cpu", flush_bytes=16)
+    wall_ms, host_ms = timer.wall_clock(fake.call, fake.prepare, sets=1, iters=5)
+    assert wall_ms == pytest.approx(2.0, abs=1e-6) and host_ms == pytest.approx(2.0)

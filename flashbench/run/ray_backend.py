@@ -121,7 +121,7 @@ class RayBackend:
     def _submit(self, job, tries: int) -> None:
         runner = self.runner
         config = runner.worker_config(job.candidate, self.device)
-        task = self._job.remote(config, runner.job_request(job.workload), runner.options.timeout, runner.on_gpu)
+        task = self._job.remote(config, runner.job_request(job), runner.options.timeout, runner.on_gpu)
         self._in_flight[task] = (job, tries)
 
     def _again(self, job, tries: int, reason: str) -> None:

@@ -307,11 +307,20 @@ class Runner:
             "memory_limit_bytes": self.options.memory_limit_bytes,
         }
 
-    def job_request(self, workload: Workload) -> dict:
+    def timing_method(self, candidate: Candidate) -> str:
+        """The run's timing method, except that the reference is always timed with events: it copies
+        index data to the host, which a CUDA graph cannot capture, and at milliseconds per call its
+        launch overhead does not matter to the speedups it is the denominator of."""
+        if candidate.solution.name == REFERENCE:
+            return "events"
+        return self.options.timing
+
+    def job_request(self, job: Job) -> dict:
         return {
-            "op": "job", "workload": workload.model_dump(mode="json"), "seeds": self.seeds(), "base_dir": str(self.base_dir),
-            "timing": {"method": self.options.timing, "warmup": self.options.warmup, "iters": self.options.iters,
-                       "flush_bytes": L2_FLUSH_BYTES},
+            "op": "job", "workload": job.workload.model_dump(mode="json"), "seeds": self.seeds(),
+            "base_dir": str(self.base_dir),
+            "timing": {"method": self.timing_method(job.candidate), "warmup": self.options.warmup,
+                       "iters": self.options.iters, "flush_bytes": L2_FLUSH_BYTES},
         }
 
     def seeds(self) -> list[int]:
@@ -325,7 +334,7 @@ class Runner:
     def run_job(self, worker: WorkerProcess, job: Job, device: str) -> tuple[Trace, bool]:
         """The job's trace, and whether the worker ended (the next job needs a fresh one). The
         caller has settled the workload's references (settle_references) before the worker runs."""
-        outcome = process.run_job(worker, self.job_request(job.workload), self.options.timeout, self.on_gpu)
+        outcome = process.run_job(worker, self.job_request(job), self.options.timeout, self.on_gpu)
         return self.judge(job, outcome, device), outcome.ended
 
     def judge(self, job: Job, outcome: Outcome, device: str) -> Trace:
@@ -424,10 +433,13 @@ class Runner:
             return verdict, None
         # Judged only for CUDA events: on a CPU both clocks are the host's and load noise alone can
         # split them; a graph replay leaves out the launch overhead the wall clock includes.
-        judged = self.on_gpu and self.options.timing == "events"
-        if judged and not performance.crosscheck.get("agrees", True):
-            return Verdict("REJECTED", "events and the wall-clock crosscheck disagree: work escaped the timed stream",
-                           verdict.errors), None
+        judged = self.on_gpu and performance.timing["method"] == "events"
+        check = performance.crosscheck
+        if judged and not check.get("agrees", True):
+            message = (f"events and the wall-clock crosscheck disagree: work escaped the timed stream (events "
+                       f"{performance.latency_ms * 1e3:.1f} µs, wall clock {check['wall_ms'] * 1e3:.1f} µs, host "
+                       f"time inside the call {check['host_call_ms'] * 1e3:.1f} µs)")
+            return Verdict("REJECTED", message, verdict.errors), None
         floor = self.calibration.floor_ms(performance.bytes, performance.flops) if self.calibration else None
         if floor and performance.latency_ms < floor:
             message = f"{performance.latency_ms * 1e3:.2f} µs is faster than the speed-of-light floor {floor * 1e3:.2f} µs"
@@ -448,7 +460,7 @@ class Runner:
             bytes=cost[0] if cost else None,
             flops=cost[1] if cost else None,
             timing={
-                "method": self.options.timing if self.on_gpu else "host clock", "warmup": self.options.warmup,
+                "method": self.timing_method(candidate) if self.on_gpu else "host clock", "warmup": self.options.warmup,
                 "iters": self.options.iters, "input_sets": self.options.input_sets, "seed": self.options.seed,
                 "l2_flush_bytes": L2_FLUSH_BYTES if self.on_gpu else 0,
             },

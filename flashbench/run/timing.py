@@ -116,24 +116,26 @@ class CudaTimer:
         return start.elapsed_time(end)
 
     def wall_clock(self, call: Call, prepare: Prepare, sets: int, iters: int) -> tuple[float, float]:
-        """Host time per call with a device-wide sync, minus the flushes: sees every stream and thread.
-        Also the median host time spent inside the call itself (launch overhead, host work)."""
+        """Host time per call with a device-wide sync, minus the same step without the call: sees every
+        stream and thread. Medians of single steps, so one stall of the host (a page fault, another
+        process) cannot raise it. Also the median host time spent inside the call itself."""
         inside = []
 
-        def batch(with_call: bool) -> float:
+        def step_ms(k: int, with_call: bool) -> float:
             _synchronize(self.device)
             start = _perf_counter()
-            for k in range(iters):
-                prepare(k % sets)
-                self.flush()
-                if with_call:
-                    entered = _perf_counter()
-                    call(k % sets)
-                    inside.append((_perf_counter() - entered) * 1e3)
-                _synchronize(self.device)
+            prepare(k % sets)
+            self.flush()
+            if with_call:
+                entered = _perf_counter()
+                call(k % sets)
+                inside.append((_perf_counter() - entered) * 1e3)
+            _synchronize(self.device)
             return (_perf_counter() - start) * 1e3
-        wall_ms = max(batch(True) - batch(False), 0.0) / iters
-        return wall_ms, statistics.median(inside)
+
+        bare = statistics.median(step_ms(k, False) for k in range(iters))
+        full = statistics.median(step_ms(k, True) for k in range(iters))
+        return max(full - bare, 0.0), statistics.median(inside)
 
 
 def crosscheck(events_median_ms: float, wall_ms: float, host_call_ms: float = 0.0) -> dict:

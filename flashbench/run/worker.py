@@ -189,7 +189,11 @@ class Worker:
             timer = timing.CudaTimer(self.device, params["flush_bytes"])
         timer.warm_up(call, prepare, sets, params["warmup"])
         if params["method"] == "graph" and self.device != "cpu":
-            samples = timer.graph(call, prepare, sets, params["iters"])
+            try:
+                samples = timer.graph(call, prepare, sets, params["iters"])
+            except RuntimeError as exc:
+                raise RuntimeError(f"the call cannot be captured in a CUDA graph, which --timing graph needs "
+                                   f"(time it with --timing events): {exc}") from exc
         else:
             samples = timer.events(call, prepare, sets, params["iters"])
         reply = {"samples": samples, "timed_outputs": timed_outputs()}

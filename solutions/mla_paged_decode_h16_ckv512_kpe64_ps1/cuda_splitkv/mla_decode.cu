@@ -47,7 +47,10 @@ constexpr int kDimCkv = 512;
 constexpr int kDimKpe = 64;
 constexpr int kDimK = kDimCkv + kDimKpe;                     // 576 key columns
 constexpr int kBlockN = 16;                                  // KV tokens per tile
-constexpr int kStages = 4;                                   // shared-memory ring depth
+#ifndef MLA_DECODE_STAGES
+#define MLA_DECODE_STAGES 4
+#endif
+constexpr int kStages = MLA_DECODE_STAGES;                   // shared-memory ring depth
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowBytes = kDimK * 2 + 16;                    // 1168: one token, padded by 16 bytes

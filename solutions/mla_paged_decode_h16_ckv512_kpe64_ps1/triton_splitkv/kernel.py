@@ -25,7 +25,6 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton import knobs
 
 LOG2E = 1.4426950408889634
 
@@ -236,32 +235,38 @@ def _workspace(device, slots, heads, dim):
     return ws
 
 
-def _arg_key(a):
-    # What Triton specialises a launch on: pointer dtype and 16-byte alignment, integer == 1 and
-    # divisibility by 16 (the loop-bound integers are excluded from specialisation).
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
-    if isinstance(a, int):
-        return (a == 1, a % 16 == 0)
-    return None
+def _specialisation(args):
+    """What Triton specialises a launch on (tensor dtype and 16-byte alignment, integers equal to 1
+    or divisible by 16), and the arguments as the launcher takes them (pointers as integers)."""
+    key, raw = [], []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            ptr = a.data_ptr()
+            key.append((a.dtype, ptr & 15 == 0))
+            raw.append(ptr)
+        else:
+            key.append((a == 1, a % 16 == 0) if type(a) is int else None)
+            raw.append(a)
+    return tuple(key), raw
 
 
 def _launch(kernel, grid, args, constexprs, num_warps, num_stages, device):
-    """kernel[grid](...) with the compiled kernel cached per specialisation, which skips Triton's
-    per-call argument binding (tens of microseconds of host time) on repeated calls."""
+    """kernel[grid](...) with the compiled kernel cached per specialisation and launched directly on
+    repeated calls. Triton's own path costs tens of microseconds of host time per launch (argument
+    binding, launch hooks that build metadata, a driver query per tensor argument); pointers passed
+    as integers skip the query, and the launch hooks are left out."""
     if not _FAST_LAUNCH or device.type != "cuda":
         return kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
-    key = (kernel, device.index, tuple(_arg_key(a) for a in args), tuple(constexprs.values()), num_warps, num_stages)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    spec, raw = _specialisation(args)
+    key = (kernel, index, spec, tuple(constexprs.values()), num_warps, num_stages)
     ck = _COMPILED.get(key)
     if ck is None:
         ck = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
         _COMPILED[key] = ck
         return ck
-    all_args = (*args, *constexprs.values())
-    stream = torch.cuda.current_stream(device).cuda_stream
-    ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata,
-           ck.launch_metadata(grid, stream, *all_args),
-           knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *all_args)
+    ck.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(index), ck.function, ck.packed_metadata,
+           None, None, None, *raw, *constexprs.values())
     return ck
 
 
@@ -285,13 +290,13 @@ def launch(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, 
     total = kv_indices.shape[0]  # == kv_indptr[-1] by the definition's constraints
     if num_units is None:
         num_units = units_per_sm * _num_sms(device)
-    chunk = max(triton.cdiv(total, num_units), min_chunk, 1)
-    units = triton.cdiv(total, chunk) if total > 0 else 0
+    chunk = max(-(-total // num_units), min_chunk, 1)
+    units = -(-total // chunk) if total > 0 else 0
     part_o, part_lse = _workspace(device, batch + max(units, 1), heads, dim)
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
     if units > 0:
-        block_b = min(triton.next_power_of_2(max(batch, 1)), 1024)
+        block_b = min(1 << max(batch - 1, 0).bit_length(), 1024)
         _launch(
             _mla_decode_split_kernel, (units, 1, 1),
             (q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices,

@@ -40,3 +40,10 @@ def test_other_hardware_is_left_out():
     table = benchmark_table(traces, WORKLOADS, "gpu_x", None)
     assert "other" not in table.columns
     assert table.iloc[0]["fast"] == "2000.0 (500 GB/s)"
+
+
+def test_columns_are_the_reference_then_the_ranking():
+    traces = [make_trace(name, uuid, ms) for uuid in ("aaaaaaaa-1", "bbbbbbbb-2")
+              for name, ms in (("slow", 4.0), ("reference", 8.0), ("fast", 2.0))]
+    table = benchmark_table(traces, WORKLOADS, "GPU X", CALIBRATION)
+    assert list(table.columns) == ["workload", "MB", "floor µs", "reference", "fast", "slow"]

@@ -5,22 +5,24 @@ from pathlib import Path
 import pandas as pd
 
 from ..model import Calibration, Trace, Workload
+from ..model.trace import REFERENCE
 from ..traces import hardware_slug
-from .board import split_by_hardware
+from .board import build_board, split_by_hardware
 from .results import traces_frame
 
 
 def benchmark_table(traces: list[Trace], workloads: list[Workload], hardware: str,
                     calibration: Calibration | None) -> pd.DataFrame:
     """Rows: workloads in set order. Columns: MB moved, floor, then each solution's µs (with % of floor
-    and the achieved rate of the workload's bound)."""
+    and the achieved rate of the workload's bound): the reference first, then the leaderboard's order."""
     slug = hardware_slug(hardware)
     frame = traces_frame(t for t in traces if hardware_slug(t.hardware) == slug)
     boards = [hw for hw in split_by_hardware(frame, workloads, {slug: calibration}) if hw.hardware == slug]
     if not boards:
         return pd.DataFrame()
     results = boards[0].results
-    solutions = list(dict.fromkeys(results["solution"]))
+    ranked = list(build_board(boards[0]).ranking["solution"])
+    solutions = sorted(ranked, key=lambda name: name != REFERENCE)  # stable: the ranking after the reference
     rows = []
     for uuid in boards[0].workloads:
         mine = results[results["workload"] == uuid].set_index("solution")

@@ -25,7 +25,8 @@ Work decomposition
     wrong there, and the tiles are larger (all heads at once, at most two splits), as its cost
     is per operation; the bf16 path and the launch configuration below run on the GPU. The configuration is
     the one that compiles for sm_90a without register spills (tests/solutions/test_triton_resources.py
-    prints the report); it is not yet timed on an H200.
+    prints the report). On an H200 it beats triton_fp8_splitk on two of four timed workloads and
+    loses on the other two (traces/nvidia_h200/).
 """
 
 import os

@@ -127,7 +127,7 @@ def test_clock_is_captured_at_import(monkeypatch):
     assert timing._perf_counter is not time.perf_counter
 
 
-def test_wall_clock_subtracts_the_flush_batch_and_reports_host_time_in_the_call(monkeypatch):
+def test_wall_clock_subtracts_the_steps_without_the_call_and_reports_host_time_in_the_call(monkeypatch):
     """The CUDA timer's crosscheck with the device sync stubbed: a call whose work finishes at the
     sync shows in the wall clock but not in the host time inside the call."""
     fake = FakeSolution(monkeypatch, durations=[0.002])
@@ -160,3 +160,20 @@ def test_wall_clock_ignores_a_single_host_stall(monkeypatch):
     timer = timing.CudaTimer("cpu", flush_bytes=16)
     wall_ms, host_ms = timer.wall_clock(fake.call, fake.prepare, sets=1, iters=5)
     assert wall_ms == pytest.approx(2.0, abs=1e-6) and host_ms == pytest.approx(2.0)
+
+
+def test_a_call_a_cuda_graph_cannot_capture_is_named(monkeypatch):
+    """--timing graph on a call that syncs with the host: the error says so and names the way out."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def failing_capture(graph, stream=None):
+        yield
+        raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture")
+
+    monkeypatch.setattr(timing, "_graph", failing_capture)
+    monkeypatch.setattr(timing, "_CUDAGraph", object)
+    monkeypatch.setattr(timing.torch.cuda, "Stream", lambda device: None)
+    timer = timing.CudaTimer("cpu", flush_bytes=16)
+    with pytest.raises(RuntimeError, match=r"cannot be captured in a CUDA graph.*--timing events.*Cannot copy"):
+        timer.graph(lambda i: None, lambda i: None, sets=1, iters=2)

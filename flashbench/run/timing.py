@@ -96,10 +96,14 @@ class CudaTimer:
         work, flushes = _CUDAGraph(), _CUDAGraph()
         stream = torch.cuda.Stream(self.device)
         with torch.cuda.stream(stream):
-            with _graph(work, stream=stream):
-                for k in range(calls_per_graph):
-                    self.flush()
-                    call(k % sets)
+            try:
+                with _graph(work, stream=stream):
+                    for k in range(calls_per_graph):
+                        self.flush()
+                        call(k % sets)
+            except RuntimeError as exc:
+                raise RuntimeError(f"the call cannot be captured in a CUDA graph, which --timing graph needs "
+                                   f"(time it with --timing events): {exc}") from exc
             with _graph(flushes, stream=stream):
                 for _ in range(calls_per_graph):
                     self.flush()

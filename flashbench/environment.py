@@ -23,14 +23,24 @@ def describe_environment(device: str, root: Path) -> dict:
         "torch": torch.__version__,
         "triton": _version("triton"),
         "flashbench": _version("flashbench") or _package_version(),
-        # A copy of the tree without .git (e.g. shipped to a GPU machine) names its commit in the environment.
-        "git_commit": _git(root, "rev-parse", "HEAD") or os.environ.get("FLASHBENCH_GIT_COMMIT"),
-        "git_dirty": bool(_git(root, "status", "--porcelain", "--untracked-files=no")),
+        **git_provenance(root),
     }
     if torch.device(device).type == "cuda":
         env["cuda"] = torch.version.cuda
         env.update(_nvidia_smi(torch.device(device).index or 0))
     return env
+
+
+def git_provenance(root: Path) -> dict:
+    """git_commit and git_dirty of root's own checkout. A folder that is not a checkout itself gets no commit from
+    git: inside another repository, git would name that repository's commit, which says nothing about this tree."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top and Path(top).resolve() == Path(root).resolve():
+        return {"git_commit": _git(root, "rev-parse", "HEAD"),
+                "git_dirty": bool(_git(root, "status", "--porcelain", "--untracked-files=no"))}
+    # A copy of the tree without .git (e.g. shipped to a GPU machine) may name its commit; whether it was
+    # edited since is unknown.
+    return {"git_commit": os.environ.get("FLASHBENCH_GIT_COMMIT"), "git_dirty": None}
 
 
 def _version(package: str) -> str | None:

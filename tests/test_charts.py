@@ -1,10 +1,14 @@
 import io
 
+import numpy as np
 import pytest
+from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 from trace_factory import CALIBRATION, make_trace
 
-from flashbench.leaderboard import build_boards, latency_chart, roofline_chart, save_charts, traces_frame
+from flashbench.leaderboard import (board_colours, build_boards, latency_chart, roofline_chart, save_charts,
+                                    solution_colours, traces_frame)
+from flashbench.leaderboard.charts import PALETTE
 
 TRACES = [make_trace(solution, workload, latency, nbytes=nbytes, flops=flops)
           for workload, nbytes, flops in (("w1-aaaaaa", 1e9, 1e9), ("w2-aaaaaa", 1e8, 1e12))
@@ -45,3 +49,30 @@ def test_save_charts(tmp_path):
     assert [p.name for p in paths] == ["gpu_x-latency.png", "gpu_x-roofline.png"]
     for path in paths:
         picture(path.read_bytes())
+
+
+def has_colour(png: bytes, colour: str) -> bool:
+    pixels = imread(io.BytesIO(png))[..., :3]
+    return bool((np.abs(pixels - np.array(to_rgb(colour))).max(axis=-1) < 1 / 255).any())
+
+
+def test_one_colour_per_solution_in_every_chart_and_page():
+    mine, other = board(), build_boards(traces_frame([make_trace(s, "w1-aaaaaa", 2.0) for s in ("zeta", "fast")]))[0]
+    page = board_colours([mine, other])
+    assert page["fast"] == board_colours([mine])["fast"] == board_colours([other])["fast"]
+    for chart in (latency_chart, roofline_chart):
+        assert has_colour(chart(mine, page), page["fast"]) and has_colour(chart(other, page), page["fast"])
+        assert has_colour(chart(mine, page), page["reference"])
+
+
+def test_colours_are_distinct_while_the_palette_lasts():
+    names = ["reference", *(f"solution_{i}" for i in range(len(PALETTE)))]
+    assert len(set(solution_colours(names).values())) == len(names)
+    assert solution_colours(names) == solution_colours(reversed(names))  # the order they come in does not matter
+
+
+def test_host_clock_timings_are_not_on_the_roofline():
+    on_cpu = [make_trace("fast", "w1-aaaaaa", 2.0, timing={"method": "host clock", "l2_flush_bytes": 0}, device="cpu")]
+    cpu_board = build_boards(traces_frame(on_cpu))[0]
+    colour = board_colours([cpu_board])["fast"]
+    assert has_colour(latency_chart(cpu_board), colour) and not has_colour(roofline_chart(cpu_board), colour)

@@ -13,10 +13,17 @@ BOARDS = build_boards(traces_frame(TRACES), calibrations={"gpu_x": CALIBRATION})
 
 def test_ranking_for_people():
     shown = ranking_display(BOARDS[0])
-    assert list(shown["solution"]) == ["reference", "fast"]  # 2 passed before 1
+    assert list(shown["solution"]) == ["reference", "fast"] and list(shown["rank"]) == ["—", "1"]
     fast = shown.iloc[1]
     assert (fast["solution"], fast["passed"], fast["vs baseline (reference)"]) == ("fast", "1/2", "4x")
     assert (fast["fast_1.0"], fast["win rate"], fast["% SOL"], fast["runs"]) == ("50%", "100%", "50.0%", "3")
+    assert fast["spread"] == "±0.0%"  # its latest run on w1 has no width
+
+
+def test_stale_hashes_are_marked():
+    [board] = build_boards(traces_frame(TRACES), current_hashes={"fast": "rebuilt"})
+    assert list(ranking_display(board)["hash"]) == ["referenc", "fast-has stale"]
+    assert set(results_display(board).query("solution == 'fast'")["hash"]) == {"fast-has stale"}
 
 
 def test_per_workload_and_results_for_people():
@@ -24,12 +31,18 @@ def test_per_workload_and_results_for_people():
     assert list(view["fast"]) == ["2000.0", "TIMEOUT"] and list(view["floor µs"]) == ["1000.0", "1000.0"]
     results = results_display(BOARDS[0]).set_index(["solution", "workload"])
     assert results.loc[("fast", "w1"), "ci µs"] == "2000.0–2000.0"  # the latest of the two runs
+    assert results.loc[("fast", "w1"), "p10–p90 µs"] == "2000.0–2000.0"
+    assert (results.loc[("fast", "w1"), "timing"], results.loc[("fast", "w1"), "L2"]) == ("events", "flushed (256 MiB)")
     assert results.loc[("fast", "w1"), "runs"] == "2" and results.loc[("fast", "w2"), "µs"] == ""
 
 
 def test_machine_formats_keep_numbers():
     [document] = json.loads(json_text(BOARDS))
     assert document["ranking"][1]["speedup_vs_baseline"] == 4.0 and document["calibration"]["hardware"] == "GPU X"
+    assert document["ranking"][0]["rank"] is None  # the reference is not ranked
     assert {r["workload_label"] for r in document["results"]} == {"w1", "w2"}
-    assert csv(BOARDS).splitlines()[2] == "2,fast,fast-hash,,1,2,4.0,4.0,0.5,0.5,0.5,1.0,50.0,0,3,gpu_x,reference"
+    assert {r["l2_state"] for r in document["results"]} == {"flushed (256 MiB)", None}  # None: w2 timed out
+    assert csv(BOARDS).splitlines()[1].startswith(",reference,reference-hash,False,")
+    assert csv(BOARDS).splitlines()[2] == "1,fast,fast-hash,False,,1,2,4.0,4.0,0.5,0.5,0.5,1.0,50.0,0.0,0,3,gpu_x,reference"
     assert markdown(BOARDS).startswith("## GPU X (gpu_x)\n\n- baseline: reference")
+    assert "- measured with timing events, L2 flushed (256 MiB), device cuda" in markdown(BOARDS)

@@ -36,6 +36,12 @@ def test_page_is_self_contained(page):
     assert "fast &lt;b&gt;" in text and "fast <b>" not in text  # names are escaped
 
 
+def test_page_states_the_rules(page):
+    text = page.read_text()
+    assert "not ranked" in text and "tagged smoke check correctness" in text and "stale" in text
+    assert text.count("measured with timing events, L2 flushed (256 MiB), device cuda") == 2  # one per hardware
+
+
 def chromium() -> str:
     binary = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
     if binary is None:

@@ -4,10 +4,12 @@ import json
 import math
 import shutil
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
-from trace_factory import CALIBRATION, DECODE, REPO, decode_workloads, make_trace
+from trace_factory import CALIBRATION, DECODE, EVENTS, REPO, decode_workloads, make_trace
 
+from flashbench.build import content_hash
 from flashbench.calibrate import save_calibration
 from flashbench.cli import main
 from flashbench.errors import FlashbenchError
@@ -69,9 +71,20 @@ def test_failed_and_missing_workloads_are_not_passed_and_never_fast():
 
 def test_ranking_is_passed_then_speedup_over_the_baseline():
     board = board_of(EXAMPLE)
-    assert list(board.ranking["solution"]) == ["fast", "reference", "base", "base2", "broken"]
-    assert list(board.ranking["rank"]) == [1, 2, 3, 4, 5]
+    assert list(board.ranking["solution"]) == ["reference", "fast", "base", "base2", "broken"]
+    assert list(board.ranking["rank"].fillna(0)) == [0, 1, 2, 3, 4]  # 0: no rank
     assert row(board, "base")["speedup_vs_baseline"] == 1.0
+
+
+def test_the_reference_is_the_denominator_never_a_competitor():
+    # As on a graph-replay board: the reference ran one workload, where it is the fastest of all.
+    traces = [make_trace("reference", W1, 0.5, nbytes=1e6), make_trace("a", W1, 1.0, nbytes=1e6),
+              make_trace("a", W2, 1.0, nbytes=1e6), make_trace("b", W1, 2.0, nbytes=1e6)]
+    board = board_of(traces)
+    assert pd.isna(row(board, "reference")["rank"]) and list(board.ranking["rank"].dropna()) == [1, 2]
+    assert row(board, "a")["speedup_vs_reference"] == 0.5
+    assert board.by_workload.set_index("workload").loc["w1", "best"] == "a"
+    assert "reference: the denominator of 'vs reference', listed first and not ranked" in board.notes
 
 
 def test_per_workload_view():
@@ -117,6 +130,54 @@ def test_reference_is_the_baseline_when_none_is_tagged_or_one_is_named():
         board_of(EXAMPLE, baseline="nope")
 
 
+def test_smoke_workloads_count_in_passed_but_their_latencies_do_not():
+    workloads = [Workload(uuid=w, name=w[:2], tags=["smoke"] if w == W3 else []) for w in (W1, W2, W3, W4)]
+    fast = row(board_of(EXAMPLE, workloads=workloads), "fast")
+    assert (fast["passed"], fast["total"]) == (4, 4)
+    assert fast["speedup_vs_baseline"] == pytest.approx(1.0)  # W1 and W2 only: 4/2, 4/8
+    assert fast["speedup_vs_reference"] == pytest.approx((4 * 1 * 4) ** (1 / 3))
+    assert (fast["fast_1.0"], fast["fast_2.0"]) == (pytest.approx(1 / 3), 0)  # out of the 3 timed workloads
+    assert fast["win_rate"] == 0.5 and fast["sol_pct"] == pytest.approx((50 + 12.5 + 50) / 3)
+    assert any(note.startswith("1 of 4 workloads tagged smoke check correctness only")
+               for note in board_of(EXAMPLE, workloads=workloads).notes)
+    included = row(board_of(EXAMPLE, workloads=workloads, include_smoke=True), "fast")
+    assert included["speedup_vs_baseline"] == pytest.approx(2.5 ** (1 / 3))  # as without tags
+
+
+def test_notes_say_how_it_was_measured():
+    graph = {**EVENTS, "method": "graph"}
+    traces = [make_trace("reference", W1, 8.0), make_trace("a", W1, 2.0, timing=graph, ci=0.02),
+              make_trace("a", W2, 2.0, timing=graph, ci=0.06), make_trace("b", W1, 4.0, timing=graph)]
+    board = board_of(traces)
+    assert "measured with timing graph (reference: events), L2 flushed (256 MiB), device cuda" in board.notes
+    assert row(board, "a")["spread_pct"] == pytest.approx(2.0)  # the median of ±1% and ±3%
+    on_cpu = board_of([make_trace("a", W1, 2.0, timing={"method": "host clock", "l2_flush_bytes": 0}, device="cpu",
+                                  samples=1)])
+    assert "measured with timing host clock, L2 not flushed, device cpu" in on_cpu.notes
+    assert pd.isna(row(on_cpu, "a")["spread_pct"])  # one sample has no interval
+
+
+def test_stale_results_are_marked_and_can_be_hidden():
+    current = {"fast": "fast-hash", "base": "rebuilt", "base2": "base2-hash"}  # base's folder changed since its runs
+    board = board_of(EXAMPLE, current_hashes=current)
+    assert list(board.ranking.loc[board.ranking["stale"], "solution"]) == ["base"]
+    assert any(note.startswith("stale: base (measured other content") for note in board.notes)
+    hidden = board_of(EXAMPLE, current_hashes=current, hide_stale=True)
+    assert "base" not in set(hidden.ranking["solution"]) and hidden.baseline == "base2"
+    assert "reference" in set(hidden.ranking["solution"])  # no folder: never stale
+
+
+def test_documentation_does_not_change_the_content_hash(tmp_path):
+    (tmp_path / "kernel.py").write_text("def run(): pass\n")
+    before = content_hash(tmp_path)
+    (tmp_path / "NOTES.md").write_text("what the H200 showed\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "profile.txt").write_text("counters\n")
+    assert content_hash(tmp_path) == before
+    (tmp_path / "kernel.py").write_text("def run(): return 1\n")
+    assert content_hash(tmp_path) != before
+
+
 def test_total_is_the_workloads_of_the_set_that_were_run():
     workloads = [Workload(uuid=w, name=w[:2]) for w in (W4, W3, W2, W1, "w5-aaaaaa")]  # W5: run by no one
     board = board_of(EXAMPLE + [make_trace("fast", "stale-workload", 1.0)], workloads=workloads)
@@ -130,14 +191,20 @@ def invoke(*args):
     return CliRunner().invoke(main, ["--root", str(REPO), *args])
 
 
+def timed_and_smoke():
+    """Two timed workloads of the decode definition, then a smoke one."""
+    workloads = decode_workloads()
+    return [w.uuid for w in workloads if "smoke" not in w.tags][:2] + [next(w.uuid for w in workloads if "smoke" in w.tags)]
+
+
 @pytest.fixture
 def recorded(tmp_path):
-    """EXAMPLE's pattern on two real workloads of the decode definition, on two GPUs, one calibrated."""
-    uuids = [w.uuid for w in decode_workloads()[:2]]
+    """EXAMPLE's pattern on two timed workloads of the decode definition and a smoke one where fast is 4x faster
+    than base, on two GPUs, one calibrated."""
     for hardware in ("GPU X", "GPU Y"):
-        for solution, latencies, tags in (("reference", (8.0, 8.0), ["reference"]), ("base", (4.0, 4.0), ["baseline"]),
-                                          ("fast", (2.0, 8.0), [])):
-            for uuid, latency in zip(uuids, latencies):
+        for solution, latencies, tags in (("reference", (8.0, 8.0, 8.0), ["reference"]),
+                                          ("base", (4.0, 4.0, 4.0), ["baseline"]), ("fast", (2.0, 8.0, 1.0), [])):
+            for uuid, latency in zip(timed_and_smoke(), latencies):
                 trace = make_trace(solution, uuid, latency, hardware=hardware, tags=tags, definition=DECODE)
                 append_trace(trace_path(tmp_path, hardware, DECODE), trace)
     save_calibration(CALIBRATION, tmp_path)
@@ -163,7 +230,42 @@ def test_cli_json_and_csv(recorded, tmp_path):
                     "--by-workload", "--out", str(out))
     assert result.exit_code == 0, result.output
     lines = out.read_text().splitlines()
-    assert lines[0].startswith("workload,floor_us,best,best_us") and len(lines) == 1 + 2 * 2
+    assert lines[0].startswith("workload,floor_us,best,best_us") and len(lines) == 1 + 2 * 3
+
+
+def test_cli_include_smoke_counts_the_smoke_latencies(recorded):
+    def fast(*extra):
+        result = invoke("leaderboard", "--def", "mla_paged_decode", "--trace-dir", str(recorded), "--hardware", "gpu_x",
+                        "--format", "json", *extra)
+        assert result.exit_code == 0, result.output
+        [board] = json.loads(result.output)
+        return next(r for r in board["ranking"] if r["solution"] == "fast"), board["notes"]
+
+    (default, notes), (included, _) = fast(), fast("--include-smoke")
+    assert (default["passed"], default["total"], included["passed"]) == (3, 3, 3)
+    assert default["speedup_vs_baseline"] == 1.0 and included["speedup_vs_baseline"] == pytest.approx(4 ** (1 / 3))
+    assert any("1 of 3 workloads tagged smoke check correctness only" in note for note in notes)
+    assert next(r for r in json.loads(invoke("leaderboard", "--def", "mla_paged_decode", "--trace-dir", str(recorded),
+                                             "--hardware", "gpu_x", "--format", "json").output)[0]["ranking"]
+                if r["solution"] == "reference")["rank"] is None
+
+
+def test_cli_marks_stale_results_and_hides_them(recorded):
+    folder = REPO / "solutions" / DECODE / "torch_vectorized"
+    uuid = timed_and_smoke()[0]
+    for solution_hash in ("0123456789abcdef", content_hash(folder)):  # an older content, then the current one
+        append_trace(trace_path(recorded, "GPU X", DECODE), make_trace("torch_vectorized", uuid, 3.0, hardware="GPU X",
+                                                                       definition=DECODE, solution_hash=solution_hash))
+    append_trace(trace_path(recorded, "GPU X", DECODE), make_trace("triton_splitkv", uuid, 3.0, hardware="GPU X",
+                                                                   definition=DECODE, solution_hash="0123456789abcdef"))
+    args = ["leaderboard", "--def", "mla_paged_decode", "--trace-dir", str(recorded), "--hardware", "gpu_x",
+            "--format", "markdown"]
+    shown = invoke(*args)
+    assert shown.exit_code == 0, shown.output
+    assert "| 01234567 stale |" in shown.output and "stale: triton_splitkv (measured other content" in shown.output
+    assert f"| {content_hash(folder)[:8]} " in shown.output
+    hidden = invoke(*args, "--hide-stale")
+    assert "triton_splitkv" not in hidden.output and "torch_vectorized" in hidden.output
 
 
 def test_cli_markdown_html_and_charts(recorded, tmp_path):
@@ -188,7 +290,8 @@ def test_cli_errors_are_one_line_and_exit_2(recorded, tmp_path):
 def test_report_command_still_works(recorded):
     result = invoke("report", "--def", "mla_paged_decode", "--hardware", "GPU X", "--trace-dir", str(recorded))
     assert result.exit_code == 0, result.output
-    assert "2000.0 (50%, 500 GB/s)" in result.output  # fast on the first workload: 1 GB in 2 ms against a 1 ms floor
+    assert "2000.0 ±0.0% (50%, 500 GB/s)" in result.output  # fast on the first workload: 1 GB in 2 ms, 1 ms floor
+    assert "Measured with timing events, L2 flushed (256 MiB), device cuda." in result.output
 
 
 def test_graph_timings_are_shown_only_with_timing_graph(recorded):
@@ -197,7 +300,7 @@ def test_graph_timings_are_shown_only_with_timing_graph(recorded):
     events = invoke("report", "--def", "mla_paged_decode", "--hardware", "GPU X", "--trace-dir", str(recorded))
     graph = invoke("report", "--def", "mla_paged_decode", "--hardware", "GPU X", "--trace-dir", str(recorded), "--timing", "graph")
     assert graph.exit_code == 0, graph.output
-    assert "1500.0 (67%" in graph.output and "CUDA-graph replay" in graph.output and "2000.0" not in graph.output
+    assert "1500.0 ±0.0% (67%" in graph.output and "CUDA-graph replay" in graph.output and "2000.0" not in graph.output
     assert "1500.0" not in events.output
     board = invoke("leaderboard", "--def", "mla_paged_decode", "--hardware", "GPU X", "--trace-dir", str(recorded),
                    "--timing", "graph", "--format", "csv")
@@ -222,9 +325,18 @@ def test_a_real_cpu_run_makes_a_leaderboard(fresh_repo, tmp_path):
     [board] = json.loads(result.output)
     assert board["baseline"] == "torch_vectorized"  # its tag travelled through the trace
     smoke = sum("smoke" in w.tags for w in decode_workloads())
-    for solution in board["ranking"]:
+    for solution in board["ranking"]:  # a CPU run is of smoke workloads only: nothing timed to rank by
         assert (solution["passed"], solution["total"]) == (smoke, smoke)
+        assert solution["speedup_vs_reference"] is None and solution["fast_1.0"] is None
+    assert "measured with timing host clock, L2 not flushed, device cpu" in board["notes"]
+    result = CliRunner().invoke(main, ["--root", str(fresh_repo), "leaderboard", "--def", "mla_paged_decode",
+                                       "--trace-dir", str(traces), "--format", "json", "--include-smoke"])
+    for solution in json.loads(result.output)[0]["ranking"]:
         assert solution["speedup_vs_reference"] > 0 and not math.isnan(solution["speedup_vs_baseline"])
+    report = CliRunner().invoke(main, ["--root", str(fresh_repo), "report", "--def", "mla_paged_decode",
+                                       "--hardware", board["hardware"], "--trace-dir", str(traces)])
+    assert report.exit_code == 0, report.output
+    assert "GB/s" not in report.output.split("| workload")[1] and "—)" in report.output  # no rate from a host clock
     compared = CliRunner().invoke(main, ["--root", str(fresh_repo), "compare", "reference", "torch_vectorized",
                                          "--def", "mla_paged_decode", "--trace-dir", str(traces)])
     assert compared.exit_code == 0, compared.output

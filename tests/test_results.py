@@ -1,8 +1,11 @@
 import math
 
+import pandas as pd
+import pytest
 from trace_factory import CALIBRATION, make_trace
 
-from flashbench.leaderboard import current_results, latest_results, read_results, traces_frame, with_speed_of_light
+from flashbench.leaderboard import (current_results, latest_results, mark_stale, read_results, traces_frame,
+                                   with_speed_of_light)
 from flashbench.traces import append_trace, trace_path
 
 DAY1, DAY2 = "2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00"
@@ -66,3 +69,37 @@ def test_timings_of_another_method_are_read_only_when_asked(tmp_path):
     assert list(read_results(tmp_path, "d")["latency_ms"]) == [2.0]
     assert list(read_results(tmp_path, "d", timing="graph")["latency_ms"]) == [1.5]
     assert list(read_results(tmp_path, "d", "gpu_x", "graph")["latency_ms"]) == [1.5]
+
+
+def test_how_each_result_was_measured():
+    on_cpu = {"method": "host clock", "l2_flush_bytes": 0}
+    named = {"method": "events", "l2_flush_bytes": 256 * 2**20, "l2_flush": "write+read 256 MiB v2"}
+    frame = traces_frame([make_trace("gpu", "w1-aaaaaa", 2.0, ci=0.1),
+                          make_trace("cpu", "w1-aaaaaa", 2.0, timing=on_cpu, device="cpu"),
+                          make_trace("named", "w1-aaaaaa", 2.0, timing=named),
+                          make_trace("one", "w1-aaaaaa", 2.0, samples=1),
+                          make_trace("failed", "w1-aaaaaa", status="TIMEOUT")]).set_index("solution")
+    assert frame.loc["gpu", ["timing_method", "l2_state", "device"]].tolist() == ["events", "flushed (256 MiB)", "cuda"]
+    assert frame.loc["cpu", ["timing_method", "l2_state", "device"]].tolist() == ["host clock", "not flushed", "cpu"]
+    assert frame.loc["named", "l2_state"] == "write+read 256 MiB v2"  # the runner's own words win
+    assert frame.loc["gpu", "spread_pct"] == pytest.approx(5.0) and math.isnan(frame.loc["one", "spread_pct"])
+    assert pd.isna(frame.loc["failed", "l2_state"]) and math.isnan(frame.loc["failed", "spread_pct"])
+
+
+def test_stale_is_against_the_folders_now():
+    frame = traces_frame([make_trace("s", "w1-aaaaaa", 1.0, solution_hash="old"), make_trace("t", "w1-aaaaaa", 1.0),
+                          make_trace("reference", "w1-aaaaaa", 1.0)])
+    assert not frame["stale"].any()  # nothing to compare with yet
+    stale = mark_stale(frame, {"s": "new", "t": "t-hash"}).set_index("solution")["stale"]
+    assert stale.to_dict() == {"s": True, "t": False, "reference": False}
+
+
+def test_results_can_be_limited_to_one_isolation_level(tmp_path):
+    from flashbench.leaderboard.results import read_results
+    from flashbench.traces import append_trace, trace_path
+
+    path = trace_path(tmp_path, "GPU X", "d")
+    for solution, level in (("sandboxed", "namespaces"), ("grouped", "process"), ("older", None)):
+        append_trace(path, make_trace(solution, "w1", latency_ms=1.0).model_copy(update={"isolation": level}))
+    assert list(read_results(tmp_path, "d")["solution"]) == ["sandboxed", "grouped", "older"]
+    assert list(read_results(tmp_path, "d", isolation="namespaces")["solution"]) == ["sandboxed"]

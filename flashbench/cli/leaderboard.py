@@ -53,18 +53,25 @@ def write_text(text: str, out: Path | None) -> None:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write here instead of stdout.")
 @click.option("--charts", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write latency and roofline PNGs per hardware into this folder.")
+@click.option("--include-smoke", is_flag=True, help="Count the latencies of workloads tagged smoke in the speedups, "
+              "fast_p, win rate and % SOL (by default they count in passed/total only).")
+@click.option("--hide-stale", is_flag=True, help="Leave out results whose solution folder has changed since.")
+@click.option("--isolation", type=click.Choice(["namespaces", "process"]), default=None,
+              help="Only results whose worker ran at this isolation level (default: all).")
 @click.pass_context
-def leaderboard(ctx, definition, hardware, trace_dir, timing, baseline, by_workload, fmt, out, charts):
+def leaderboard(ctx, definition, hardware, trace_dir, timing, baseline, by_workload, fmt, out, charts, include_smoke,
+                hide_stale, isolation):
     """Rank solutions per hardware from recorded traces (see `flashbench.leaderboard` for the rules)."""
     from .. import leaderboard as lb
     from ..leaderboard import formats
 
     repo = repo_from(ctx)
     name = repo.resolve(definition)
-    boards = _boards(repo, name, hardware, trace_dir, timing, baseline)
+    boards = _boards(repo, name, hardware, trace_dir, timing, baseline, include_smoke, hide_stale, isolation)
     if charts:
+        colours = lb.board_colours(boards)
         for board in boards:
-            for path in lb.save_charts(board, charts):
+            for path in lb.save_charts(board, charts, colours):
                 console.print(f"wrote {path}", highlight=False)
     if fmt == "table":
         target = Console(file=out.open("w"), width=160) if out else console
@@ -111,9 +118,9 @@ def compare(ctx, a, b, definition, hardware, trace_dir, timing):
 @click.pass_context
 def report(ctx, definition, hardware, trace_dir, timing, out):
     """A Markdown benchmark table from recorded traces: per workload the floor and each solution's
-    latency, share of the floor and achieved TFLOP/s or GB/s."""
+    latency ± spread, share of the floor and achieved TFLOP/s or GB/s; how it was measured above it."""
     from ..calibrate import load_calibration
-    from ..leaderboard import benchmark_table, markdown_report
+    from ..leaderboard import markdown_report, report_board, solution_hashes
     from ..traces import read_traces, trace_path
 
     repo = repo_from(ctx)
@@ -123,20 +130,24 @@ def report(ctx, definition, hardware, trace_dir, timing, out):
     traces = read_traces(path)
     if not traces:
         raise FlashbenchError("no traces recorded here", path)
-    calibration = load_calibration(trace_dir, hardware)
-    table = benchmark_table(traces, repo.workload_set(name).workloads, hardware, calibration)
+    board = report_board(traces, repo.workload_set(name).workloads, hardware, load_calibration(trace_dir, hardware),
+                         solution_hashes(repo, name))
+    if board is None:
+        raise FlashbenchError(f"no traces of {hardware} on workloads of the workload set", path)
     shown = path.relative_to(repo.root) if path.is_relative_to(repo.root) else path
     title = f"{name} on {traces[0].hardware}" + (", CUDA-graph replay" if timing == "graph" else "")
-    write_text(markdown_report(title, table, calibration, shown), out)
+    write_text(markdown_report(title, board, shown), out)
 
 
-def _boards(repo, name, hardware, trace_dir, timing, baseline):
-    from ..leaderboard import leaderboards
+def _boards(repo, name, hardware, trace_dir, timing, baseline, include_smoke, hide_stale, isolation=None):
+    from ..leaderboard import leaderboards, solution_hashes
     from ..traces import trace_file_name, trace_path
 
     trace_dir = trace_dir or repo.root / "traces"
     workload_set = repo.workload_set(name)
-    boards = leaderboards(trace_dir, name, workload_set.workloads if workload_set else None, hardware, baseline, timing)
+    boards = leaderboards(trace_dir, name, workload_set.workloads if workload_set else None, hardware, baseline, timing,
+                          include_smoke=include_smoke, current_hashes=solution_hashes(repo, name), hide_stale=hide_stale,
+                          isolation=isolation)
     if not boards:
         where = trace_path(trace_dir, hardware, name, timing) if hardware else Path(trace_dir) / "*" / trace_file_name(name, timing)
         raise FlashbenchError("no traces recorded here", where)

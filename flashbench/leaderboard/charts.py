@@ -4,26 +4,58 @@ Figures are drawn with matplotlib's Agg canvas directly (no pyplot), so nothing 
 and no global plotting state is touched.
 """
 
+import hashlib
 import io
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 
+from ..model import REFERENCE
 from .board import Board
+from .results import HOST_CLOCK
+
+REFERENCE_COLOUR = "#7f7f7f"
+# tab20 without its two greys, which are the reference's
+PALETTE = [to_hex(c) for c in colormaps["tab20"].colors if to_hex(c) not in (REFERENCE_COLOUR, "#c7c7c7")]
 
 
-def latency_chart(board: Board) -> bytes:
+def solution_colours(names: Iterable[str]) -> dict[str, str]:
+    """One colour per solution for every chart drawn with this mapping. A name's hash picks its palette slot, so a
+    solution keeps its colour on every page; where two names of one mapping want the same slot, the later in
+    sorted order takes the next free one (colours repeat only past the palette's 18)."""
+    colours = {REFERENCE: REFERENCE_COLOUR}
+    taken = set()
+    for name in sorted(set(names) - {REFERENCE}):
+        slot = int(hashlib.sha256(name.encode()).hexdigest(), 16) % len(PALETTE)
+        while PALETTE[slot] in taken and len(taken) < len(PALETTE):
+            slot = (slot + 1) % len(PALETTE)
+        taken.add(PALETTE[slot])
+        colours[name] = PALETTE[slot]
+    return colours
+
+
+def board_colours(boards: Iterable[Board]) -> dict[str, str]:
+    """The colours of every solution of these boards: one mapping for all the charts of a page."""
+    return solution_colours(name for board in boards for name in board.ranking["solution"])
+
+
+def latency_chart(board: Board, colours: dict[str, str] | None = None) -> bytes:
     """Grouped bars: one group per workload, one bar per solution (valid results only), log scale."""
     view = board.by_workload
     solutions = list(board.ranking["solution"])
+    colours = colours or board_colours([board])
     figure, axes = _figure(max(6.0, 2 + 0.3 * len(view) * len(solutions)))
     width = 0.8 / max(1, len(solutions))
     positions = np.arange(len(view))
     for i, solution in enumerate(solutions):
         heights = [v if isinstance(v, float) else np.nan for v in view[solution]]
-        axes.bar(positions + (i - (len(solutions) - 1) / 2) * width, heights, width, label=solution)
+        axes.bar(positions + (i - (len(solutions) - 1) / 2) * width, heights, width, label=solution,
+                 color=colours[solution])
     if view["floor_us"].notna().any():
         axes.scatter(positions, view["floor_us"], marker="_", s=400, color="black", zorder=3, label="floor")
     axes.set_yscale("log")
@@ -35,12 +67,17 @@ def latency_chart(board: Board) -> bytes:
     return _png(figure)
 
 
-def roofline_chart(board: Board) -> bytes:
-    """Achieved FLOP/s against arithmetic intensity (FLOPs / bytes), under the calibrated roofs."""
+def roofline_chart(board: Board, colours: dict[str, str] | None = None) -> bytes:
+    """Achieved FLOP/s against arithmetic intensity (FLOPs / bytes), under the calibrated roofs. Host-clock
+    timings of a CPU run are left out: no rate means anything there."""
     figure, axes = _figure(7.0)
-    points = board.results[board.results["valid"] & (board.results["bytes"] > 0) & (board.results["flops"] > 0)]
+    colours = colours or board_colours([board])
+    results = board.results
+    points = results[results["valid"] & (results["bytes"] > 0) & (results["flops"] > 0)
+                     & (results["timing_method"] != HOST_CLOCK)]
     for solution, mine in points.groupby("solution", sort=False):
-        axes.scatter(mine["flops"] / mine["bytes"], mine["flops"] / (mine["latency_ms"] / 1e3), label=solution)
+        axes.scatter(mine["flops"] / mine["bytes"], mine["flops"] / (mine["latency_ms"] / 1e3), label=solution,
+                     color=colours[solution])
     calibration = board.calibration
     if calibration is not None:
         ridge = calibration.matmul_flops_per_s / calibration.memory_bytes_per_s
@@ -52,7 +89,8 @@ def roofline_chart(board: Board) -> bytes:
                   label=f"roofs: {calibration.memory_bytes_per_s / 1e9:.0f} GB/s, "
                         f"{calibration.matmul_flops_per_s / 1e12:.1f} TFLOP/s")
     if points.empty and calibration is None:
-        axes.text(0.5, 0.5, "no valid results with a cost model", ha="center", transform=axes.transAxes)
+        axes.text(0.5, 0.5, "no valid results with a cost model and a device timing", ha="center",
+                  transform=axes.transAxes)
     else:
         axes.set_xscale("log")
         axes.set_yscale("log")
@@ -64,14 +102,14 @@ def roofline_chart(board: Board) -> bytes:
     return _png(figure)
 
 
-def save_charts(board: Board, folder: Path) -> list[Path]:
+def save_charts(board: Board, folder: Path, colours: dict[str, str] | None = None) -> list[Path]:
     """<hardware>-latency.png and <hardware>-roofline.png in folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, draw in (("latency", latency_chart), ("roofline", roofline_chart)):
         path = folder / f"{board.hardware}-{name}.png"
-        path.write_bytes(draw(board))
+        path.write_bytes(draw(board, colours))
         written.append(path)
     return written
 

@@ -8,22 +8,27 @@ import pandas as pd
 from .board import FAST_P, VIEW_COLUMNS, Board
 from .compare import Comparison
 
+NOT_APPLICABLE = "—"  # where a figure means nothing (the reference's rank, a rate from a host clock): never a 0
+
 
 def board_title(board: Board) -> str:
     return f"{board.hardware_name} ({board.hardware})"
 
 
 def ranking_display(board: Board) -> pd.DataFrame:
-    """The ranking with speedups as '1.23x', shares as '50%', passed as '3/4' and hashes cut to 8 digits."""
+    """The ranking with speedups as '1.23x', shares as '50%', passed as '3/4', spreads as '±0.5%' and hashes cut
+    to 8 digits (marked stale where the folder holds other content now); the reference has no rank."""
     r = board.ranking
     shown = pd.DataFrame({
-        "rank": r["rank"], "solution": r["solution"], "hash": r["hash"].str[:8], "tags": r["tags"],
+        "rank": r["rank"].map(lambda n: NOT_APPLICABLE if pd.isna(n) else str(n)), "solution": r["solution"],
+        "hash": _hashes(r["hash"], r["stale"]), "tags": r["tags"],
         "passed": r["passed"].astype(str) + "/" + r["total"].astype(str),
         "vs reference": r["speedup_vs_reference"].map(_times),
         f"vs baseline ({board.baseline})": r["speedup_vs_baseline"].map(_times),
         **{f"fast_{p}": r[f"fast_{p}"].map(_share) for p in FAST_P},
         "win rate": r["win_rate"].map(_share),
         "% SOL": r["sol_pct"].map(_percent),
+        "spread": r["spread_pct"].map(spread),
         "suspicious": r["suspicious"].map(lambda n: str(n) if n else ""),
         "runs": r["runs"].astype(str),
     })
@@ -44,14 +49,16 @@ def by_workload_display(board: Board) -> pd.DataFrame:
 
 
 def results_display(board: Board) -> pd.DataFrame:
-    """Every ranked result: latency, confidence interval, floor, % of speed-of-light, flag and runs."""
+    """Every ranked result: latency, confidence interval, p10-p90, floor, % of speed-of-light, how it was
+    measured, flags and runs."""
     r = board.results.sort_values(["solution", "order"])
     return pd.DataFrame({
-        "solution": r["solution"], "hash": r["solution_hash"].str[:8], "workload": r["workload"].map(board.labels),
+        "solution": r["solution"], "hash": _hashes(r["solution_hash"], r["stale"]),
+        "workload": r["workload"].map(board.labels),
         "status": r["status"], "µs": r["latency_ms"].map(lambda v: _micro(v * 1e3)),
-        "ci µs": [f"{_micro(lo * 1e3)}–{_micro(hi * 1e3)}" if not math.isnan(lo) else ""
-                  for lo, hi in zip(r["ci_low_ms"], r["ci_high_ms"])],
+        "ci µs": _ranges(r["ci_low_ms"], r["ci_high_ms"]), "p10–p90 µs": _ranges(r["p10_ms"], r["p90_ms"]),
         "floor µs": r["floor_ms"].map(lambda v: _micro(v * 1e3)), "% SOL": r["sol_pct"].map(_percent),
+        "timing": r["timing_method"].fillna(""), "L2": r["l2_state"].fillna(""), "device": r["device"].fillna(""),
         "suspicious": r["suspicious"].map(lambda s: "under the floor" if s else ""),
         "runs": r["runs"].astype(str), "latest run": r["timestamp"],
     })
@@ -99,6 +106,19 @@ def json_text(boards: list[Board]) -> str:
 def _records(frame: pd.DataFrame) -> list[dict]:
     # pandas writes NaN as null and keeps lists (tags) as lists
     return json.loads(frame.to_json(orient="records"))
+
+
+def spread(value) -> str:
+    return "" if pd.isna(value) else f"±{value:.1f}%"
+
+
+def _hashes(hashes: pd.Series, stale: pd.Series) -> pd.Series:
+    return hashes.str[:8] + stale.map({True: " stale", False: ""})
+
+
+def _ranges(lows: pd.Series, highs: pd.Series) -> list[str]:
+    """'low–high' in µs from bounds in ms; blank without a latency."""
+    return [f"{_micro(lo * 1e3)}–{_micro(hi * 1e3)}" if not math.isnan(lo) else "" for lo, hi in zip(lows, highs)]
 
 
 def _times(value) -> str:

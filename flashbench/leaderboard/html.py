@@ -9,7 +9,7 @@ import html
 import pandas as pd
 
 from .board import Board
-from .charts import latency_chart, roofline_chart
+from .charts import board_colours, latency_chart, roofline_chart
 from .formats import board_title, by_workload_display, ranking_display, results_display
 
 STYLE = """
@@ -45,26 +45,33 @@ document.querySelectorAll("table.sortable").forEach(table => {
 """
 
 
+RULES = ("Ranked by workloads passed, then by the geometric-mean speedup over the baseline on the timed workloads "
+         "both passed; the reference is the denominator of 'vs reference', listed first and not ranked. Workloads "
+         "tagged smoke check correctness: they count in passed/total, not in speedups, fast_p, win rate, % SOL and "
+         "spread (unless --include-smoke). Spread: half the 95% confidence interval of the median, in % of it. "
+         "A hash marked stale measured other content than the solution's folder holds now. A solution has one "
+         "colour in every chart of this page. Click a column header to sort.")
+
+
 def html_page(boards: list[Board], definition: str) -> str:
     title = f"flashbench leaderboard: {definition}"
-    body = [f"<h1>{html.escape(title)}</h1>",
-            "<p class=notes>Ranked by workloads passed, then by the geometric-mean speedup over the baseline on the "
-            "workloads both passed. Click a column header to sort.</p>"]
+    body = [f"<h1>{html.escape(title)}</h1>", f"<p class=notes>{html.escape(RULES)}</p>"]
+    colours = board_colours(boards)
     for board in boards:
-        body += board_section(board)
+        body += board_section(board, colours)
     return (f"<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head>\n<body>\n" + "\n".join(body) + f"\n<script>{SORT_SCRIPT}</script>\n"
             "</body></html>\n")
 
 
-def board_section(board: Board) -> list[str]:
+def board_section(board: Board, colours: dict[str, str]) -> list[str]:
     hardware = html.escape(board.hardware)
     return [
         f"<h2 id={hardware}>{html.escape(board_title(board))}</h2>",
         "<ul class=notes>" + "".join(f"<li>{html.escape(note)}</li>" for note in board.notes) + "</ul>",
         _table(ranking_display(board)),
-        _image(latency_chart(board), f"latency per workload on {board.hardware_name}"),
-        _image(roofline_chart(board), f"roofline on {board.hardware_name}"),
+        _image(latency_chart(board, colours), f"latency per workload on {board.hardware_name}"),
+        _image(roofline_chart(board, colours), f"roofline on {board.hardware_name}"),
         "<h3>Per workload (µs)</h3>", _table(by_workload_display(board)),
         "<h3>Every result</h3>", _table(results_display(board)),
     ]

@@ -1,49 +1,93 @@
 """Traces as pandas frames: one row per trace, then one result per (solution content, workload, hardware)."""
 
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 
-from ..model import Calibration, Trace
+from ..build import content_hash
+from ..model import Calibration, Performance, Trace
+from ..registry import Repo
 from ..traces import hardware_slug, read_traces, trace_file_name, trace_path
 
 COLUMNS = [
     "hardware", "hardware_name", "definition", "workload", "workload_name", "solution", "solution_hash",
-    "solution_tags", "status", "message", "timestamp", "latency_ms", "ci_low_ms", "ci_high_ms", "bytes", "flops",
+    "solution_tags", "status", "message", "timestamp", "latency_ms", "ci_low_ms", "ci_high_ms", "p10_ms", "p90_ms",
+    "spread_pct", "bytes", "flops", "timing_method", "l2_state", "device", "isolation",
 ]
 RESULT_KEY = ["hardware", "solution", "solution_hash", "workload"]
+HOST_CLOCK = "host clock"  # the runner's timing method on a CPU: no rate (GB/s, FLOP/s) means anything there
 
 
 def traces_frame(traces: Iterable[Trace]) -> pd.DataFrame:
-    """One row per trace, in recorded order. `hardware` is the folder name, so GPUs never mix."""
+    """One row per trace, in recorded order. `hardware` is the folder name, so GPUs never mix.
+    `stale` is False until mark_stale compares the hashes with the folders on disk."""
     rows = []
     for t in traces:
         perf = t.performance
+        timing = perf.timing if perf else {}
         rows.append({
             "hardware": hardware_slug(t.hardware), "hardware_name": t.hardware, "definition": t.definition,
             "workload": t.workload, "workload_name": t.workload_name, "solution": t.solution,
             "solution_hash": t.solution_hash, "solution_tags": list(t.solution_tags), "status": t.status,
             "message": t.message, "timestamp": t.timestamp,
-            "latency_ms": perf.latency_ms if perf else np.nan, "ci_low_ms": perf.ci_low_ms if perf else np.nan,
-            "ci_high_ms": perf.ci_high_ms if perf else np.nan,
+            **{column: getattr(perf, column) if perf else np.nan
+               for column in ("latency_ms", "ci_low_ms", "ci_high_ms", "p10_ms", "p90_ms")},
+            "spread_pct": spread_pct(perf) if perf else np.nan,
             "bytes": perf.bytes if perf and perf.bytes is not None else np.nan,
             "flops": perf.flops if perf and perf.flops is not None else np.nan,
+            "timing_method": timing.get("method"), "l2_state": l2_state(timing), "device": t.environment.get("device"),
+            "isolation": t.isolation,
         })
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["time"] = pd.to_datetime(frame["timestamp"], utc=True, format="ISO8601")
     frame["order"] = range(len(frame))  # breaks ties between runs recorded in the same second
+    frame["stale"] = False
     return frame
 
 
-def read_results(trace_dir: Path, definition: str, hardware: str | None = None, timing: str = "events") -> pd.DataFrame:
-    """Every trace of a definition timed one way under trace_dir: one hardware folder, or all of them."""
+def spread_pct(perf: Performance) -> float:
+    """Half the width of the 95% confidence interval of the median, in % of the median. One sample
+    (e.g. an imported latency) gives no interval: NaN, not a spread of 0."""
+    if perf.samples < 2 or not perf.latency_ms > 0:
+        return np.nan
+    return (perf.ci_high_ms - perf.ci_low_ms) / 2 / perf.latency_ms * 100
+
+
+def l2_state(timing: dict) -> str | None:
+    """What the L2 cache held before each timed call: the runner's own words, else read from the flush size."""
+    if timing.get("l2_flush"):
+        return timing["l2_flush"]
+    if "l2_flush_bytes" not in timing:
+        return None
+    flushed = timing["l2_flush_bytes"]
+    return f"flushed ({flushed / 2**20:.0f} MiB)" if flushed else "not flushed"
+
+
+def read_results(trace_dir: Path, definition: str, hardware: str | None = None, timing: str = "events",
+                 isolation: str | None = None) -> pd.DataFrame:
+    """Every trace of a definition timed one way under trace_dir: one hardware folder, or all of them;
+    with `isolation`, only those whose worker ran at that level (traces from before levels were
+    recorded have none)."""
     if hardware:
         paths = [trace_path(trace_dir, hardware, definition, timing)]
     else:
         paths = sorted(Path(trace_dir).glob(f"*/{trace_file_name(definition, timing)}"))
-    return traces_frame(trace for path in paths for trace in read_traces(path))
+    frame = traces_frame(trace for path in paths for trace in read_traces(path))
+    return frame[frame["isolation"] == isolation].reset_index(drop=True) if isolation else frame
+
+
+def solution_hashes(repo: Repo, definition: str) -> dict[str, str]:
+    """The content hash of each solution folder of a definition as it is on disk now, by solution name."""
+    return {folder.solution.name: content_hash(folder.path) for folder in repo.solution_folders(definition)}
+
+
+def mark_stale(frame: pd.DataFrame, current_hashes: Mapping[str, str] | None) -> pd.DataFrame:
+    """stale: the trace measured other content than the solution's folder holds now. Solutions without a
+    folder here (the reference, removed or imported ones) are never stale: there is nothing to compare with."""
+    current = frame["solution"].map(current_hashes or {})
+    return frame.assign(stale=current.notna() & (current != frame["solution_hash"]))
 
 
 def latest_results(frame: pd.DataFrame) -> pd.DataFrame:

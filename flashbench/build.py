@@ -19,11 +19,30 @@ class BuildError(Exception):
 
 
 def content_hash(folder: Path) -> str:
-    """A hash of every file's path and bytes: results and builds are keyed by it."""
+    """A hash of every file's path and bytes, documentation left out (*.md, and docs/ at the top of the folder):
+    results and builds are keyed by it, so editing notes does not make a solution's results stale."""
     digest = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+        relative = path.relative_to(folder)
+        if path.suffix == ".md" or relative.parts[0] == "docs":
+            continue
+        digest.update(str(relative).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+def folder_problem(folder: Path, solution: Solution) -> str | None:
+    """Why a folder cannot be run as it is: everything loaded from it must lie inside it (no link
+    leading out), so the content hash covers all the code that runs."""
+    root = folder.resolve()
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink() and not path.resolve().is_relative_to(root):
+            return f"{path.relative_to(folder)} is a link to {path.resolve()}, outside the solution folder"
+    for name in [solution.entry_file, *solution.sources]:
+        if not (folder / name).resolve().is_relative_to(root):
+            return f"{name} resolves outside the solution folder"
+        if not (folder / name).is_file():
+            return f"{name} does not exist in the solution folder"
+    return None
 
 
 def missing_dependencies(solution: Solution) -> list[str]:

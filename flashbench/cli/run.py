@@ -11,13 +11,14 @@ from ..errors import FlashbenchError
 from ..registry import load_solution_folder
 from ..traces import TIMING_METHODS
 from ..run import RunOptions, Runner, default_device, install_solution, parse_devices, select_solutions, select_workloads
+from ..run.recipe import DEFAULT_FLUSH, FLUSH_METHODS
 from . import console, main, repo_from
 
 STATUS_STYLE = {"PASSED": "green", "MISSING_DEPENDENCY": "yellow"}
 
 
 def run_options(device, warmup, iters, seed, timeout, timing, resume, save, trace_dir,
-                devices=None, backend="local", address=None) -> RunOptions:
+                devices=None, backend="local", address=None, flush=DEFAULT_FLUSH, checked_calls=None) -> RunOptions:
     pool = device_pool(device, devices, backend, address)
     device = pool[0] if pool else device or default_device()
     on_cpu = device == "cpu"
@@ -25,7 +26,7 @@ def run_options(device, warmup, iters, seed, timeout, timing, resume, save, trac
         device=device, devices=pool, backend=backend, ray_address=address,
         warmup=warmup if warmup is not None else (1 if on_cpu else 10),
         iters=iters if iters is not None else (5 if on_cpu else 100), seed=seed, timeout=timeout,
-        timing=timing, resume=resume, save=save, trace_dir=trace_dir,
+        timing=timing, resume=resume, save=save, trace_dir=trace_dir, flush=flush, checked_calls=checked_calls,
     )
 
 
@@ -58,6 +59,7 @@ def execute(repo, definition_name, folders, workloads, options) -> list:
         task = progress.add_task(f"{runner.definition.name} on {device_label(options)}", total=len(candidates) * len(workloads))
         result = runner.run(candidates, workloads, advance=lambda: progress.advance(task))
     print_summary(result.traces)
+    console.print(f"workers isolated at level {result.isolation} (docs/threat_model.md)", highlight=False)
     if result.skipped:
         console.print(f"{result.skipped} pair(s) already recorded were skipped (--resume)")
     if options.save:
@@ -103,7 +105,13 @@ def timing_options(func):
         click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present, else cpu)."),
         click.option("--warmup", type=click.IntRange(0), default=None, help="Untimed calls first (default 10 on GPU, 1 on CPU)."),
         click.option("--iters", type=click.IntRange(1), default=None, help="Timed calls (default 100 on GPU, 5 on CPU)."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first input set."),
+        click.option("--seed", type=int, default=None,
+                     help="Seed of the first input set, for a run others can repeat (default: seeds drawn afresh, "
+                          "unknown to any solution; traces say which)."),
+        click.option("--flush", type=click.Choice(list(FLUSH_METHODS)), default=DEFAULT_FLUSH, show_default=True,
+                     help="How the L2 is flushed before each timed call (none: a warm L2); recorded in every trace."),
+        click.option("--checked-calls", type=click.IntRange(0), default=None,
+                     help="Timed calls checked per pair, picked after they ran (default: all on a CPU, 8 on a GPU)."),
         click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds for a build or a workload before the worker is killed."),
         click.option("--timing", type=click.Choice(TIMING_METHODS), default="events", show_default=True,
                      help="events: CUDA events per call; graph: CUDA-graph replay, free of launch overhead."),
@@ -128,13 +136,13 @@ def timing_options(func):
 @click.option("--no-save", is_flag=True, help="Do not write traces.")
 @click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default: traces/ in the repo.")
 @click.pass_context
-def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, timeout, timing, devices, backend, address,
-        resume, no_save, trace_dir):
+def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, flush, checked_calls, timeout, timing,
+        devices, backend, address, resume, no_save, trace_dir):
     """Check and time solutions of a definition on its workloads; record traces."""
     repo = repo_from(ctx)
     name = repo.resolve(definition)
     options = run_options(device, warmup, iters, seed, timeout, timing, resume, not no_save, trace_dir,
-                          devices, backend, address)
+                          devices, backend, address, flush, checked_calls)
     execute(repo, name, select_solutions(repo, name, list(solutions)), select_workloads(repo, name, list(workloads), options.device), options)
 
 
@@ -142,7 +150,7 @@ def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, time
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @timing_options
 @click.pass_context
-def submit(ctx, path, device, warmup, iters, seed, timeout, timing):
+def submit(ctx, path, device, warmup, iters, seed, flush, checked_calls, timeout, timing):
     """Validate a solution folder, run it on the smoke workloads, and copy it into solutions/."""
     from ..validate import validate
 
@@ -152,7 +160,8 @@ def submit(ctx, path, device, warmup, iters, seed, timeout, timing):
         raise FlashbenchError(problems[0])
     folder = load_solution_folder(path.resolve())
     name = repo.resolve(folder.solution.definition)
-    options = run_options(device, warmup, iters, seed, timeout, timing, False, False, None)
+    options = run_options(device, warmup, iters, seed, timeout, timing, False, False, None,
+                          flush=flush, checked_calls=checked_calls)
     traces = execute(repo, name, [folder], select_workloads(repo, name, ["smoke"], options.device), options)
     failed = [t for t in traces if t.solution == folder.solution.name and t.status != "PASSED"]
     if failed:

@@ -32,6 +32,13 @@ class Solution(Strict):
             raise ValueError("binding, compile_flags and sources apply to language 'cuda' only")
         return self
 
+    @model_validator(mode="after")
+    def _paths_inside_the_folder(self):
+        for field, path in [("entry_point", self.entry_file)] + [("sources", source) for source in self.sources]:
+            if path.startswith(("/", "\\")) or ".." in path.replace("\\", "/").split("/"):
+                raise ValueError(f"{field}: {path!r} must be a path inside the solution folder (no absolute path, no '..')")
+        return self
+
     @property
     def entry_file(self) -> str:
         return self.entry_point.split("::")[0]

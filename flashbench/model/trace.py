@@ -58,4 +58,5 @@ class Trace(BaseModel):
     correctness: dict[str, OutputError] = {}
     performance: Performance | None = None
     environment: dict = {}
+    isolation: str | None = Field(None, description="how the solution's worker was contained: namespaces or process")
     timestamp: str

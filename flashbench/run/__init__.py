@@ -1,7 +1,21 @@
-"""Running solutions: worker processes, correctness checks, timing and the orchestrating runner."""
+"""Running solutions: sandboxed workers (run/worker/), the judge outside them (run/session.py,
+run/judge/), backends (local devices, Ray) and the orchestrating runner.
 
-from .pool import parse_devices
-from .runner import Candidate, RunOptions, RunResult, Runner, default_device, install_solution, select_solutions, select_workloads
+The names below load on first use, so a worker process, which imports run/worker/ and the
+protocol, never loads the judge's modules.
+"""
 
-__all__ = ["Candidate", "RunOptions", "RunResult", "Runner", "default_device", "install_solution", "parse_devices",
-           "select_solutions", "select_workloads"]
+import importlib
+
+_EXPORTS = {
+    "RunOptions": "options", "Candidate": "plan", "install_solution": "plan", "select_solutions": "plan",
+    "select_workloads": "plan", "parse_devices": "pool", "RunResult": "runner", "Runner": "runner",
+    "default_device": "runner",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

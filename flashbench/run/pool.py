@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import FlashbenchError
-from .process import DeviceUnusable
+from .jobs import DeviceUnusable, JobJudge
+from .session import JobOutcome
 
 STARTS_BEFORE_OUT = 2  # failed device checks in a row that take a device out of the pool
 ABORT_WAIT_S = 10.0  # after an error, how long to wait for the device threads to end their jobs
@@ -57,34 +58,45 @@ class DeviceOut(Exception):
 class Lane:
     """One device and the worker it holds: that of the candidate whose job it ran last."""
 
-    def __init__(self, runner, device: str):
-        self.runner = runner
+    def __init__(self, judge: JobJudge, device: str):
+        self.judge = judge
         self.device = device
         self.candidate = None
         self.worker = None
 
-    def run(self, job):
+    def run(self, job) -> JobOutcome:
         if job.candidate is not self.candidate:
             self.close()
             self.candidate = job.candidate
-        failure = self.runner.known_failure(job.candidate)
+        failure = self.judge.known_failure(job.candidate)
         if failure is None and self.worker is None:
             self.worker = self._start(job.candidate)
-            failure = self.runner.known_failure(job.candidate)
-        if failure is not None:  # nothing runs: recorded against the run's device, not this one
-            return self.runner.judge(job, failure, self.runner.options.device)
-        self.runner.settle_references(job.workload, self.device)
-        if self.worker is None:  # ended to free the device for the references (see reference_outputs)
+            failure = self.judge.known_failure(job.candidate)
+        if failure is not None:
+            return failure
+        self.settle_references(job.workload)
+        if self.worker is None:  # ended to free the device for the references
             self.worker = self._start(job.candidate)
-        trace, ended = self.runner.run_job(self.worker, job, self.device)
-        if ended:
+        outcome = self.judge.run(self.worker, job, self.device)
+        if not outcome.worker_usable or not self.worker.alive():
             self.close()
-        return trace
+        return outcome
+
+    def settle_references(self, workload) -> None:
+        """The reference outputs of the workload's input sets, on this device while its worker is idle.
+        That worker may hold the device's memory (a solution can take all of it): then it is ended
+        and the lane starts a fresh one for the job."""
+        try:
+            self.judge.references_for(workload, self.device)
+        except torch.cuda.OutOfMemoryError:
+            self.close()
+            torch.cuda.empty_cache()
+            self.judge.references_for(workload, self.device)
 
     def _start(self, candidate):
         for _ in range(STARTS_BEFORE_OUT):
             try:
-                return self.runner.start_worker(candidate, self.device)
+                return self.judge.start_worker(candidate, self.device)
             except DeviceUnusable as exc:
                 reason = str(exc)
         raise DeviceOut(reason)
@@ -93,7 +105,7 @@ class Lane:
         """From another thread: end the job in flight (its worker) instead of waiting for it."""
         worker = self.worker
         if worker is not None:
-            worker.kill()
+            worker.close()
 
     def close(self) -> None:
         if self.worker is not None:
@@ -105,18 +117,18 @@ class Lane:
 class _Result:
     lane: Lane
     job: object = None
-    trace: object = None
+    outcome: JobOutcome | None = None
     recorded: threading.Event = field(default_factory=threading.Event)
     out: str = ""  # the lane's device was taken out of the pool, and why
     error: BaseException | None = None
 
 
 class DevicePool:
-    """The local backend: `run` hands out jobs and yields (job, trace) as devices finish them."""
+    """The local backend: `run` hands out jobs and yields (job, outcome, environment) as devices finish them."""
 
-    def __init__(self, runner, devices: list[str]):
-        self.runner = runner
-        self.lanes = [Lane(runner, device) for device in devices]
+    def __init__(self, judge: JobJudge, devices: list[str]):
+        self.judge = judge
+        self.lanes = [Lane(judge, device) for device in devices]
         self._jobs: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
         self._running: dict[int, int] = {}  # id(lane) -> index of the job it holds
@@ -154,7 +166,7 @@ class DevicePool:
                 self._take_out(result)
                 continue
             try:
-                yield result.job, result.trace
+                yield result.job, result.outcome, self.judge.environment_of(result.lane.device)
             finally:
                 result.recorded.set()
             left -= 1
@@ -163,18 +175,6 @@ class DevicePool:
         """The jobs devices hold now, run or waiting to be recorded."""
         with self._running_lock:
             return set(self._running.values())
-
-    def reference_outputs(self, workload, keys, device):
-        # In this process, on the device that asks: its own worker is idle meanwhile, so no job is
-        # timed on a device that computes a reference.
-        try:
-            return self.runner.compute_references(workload, keys, device)
-        except torch.cuda.OutOfMemoryError:
-            # That idle worker may hold the device's memory (a solution can take all of it): it is
-            # ended, and the lane starts a fresh one for its next job.
-            next(lane for lane in self.lanes if lane.device == device).close()
-            torch.cuda.empty_cache()
-            return self.runner.compute_references(workload, keys, device)
 
     def _serve(self, lane: Lane) -> None:
         try:
@@ -185,12 +185,12 @@ class DevicePool:
                 with self._running_lock:
                     self._running[id(lane)] = job.index
                 try:
-                    trace = lane.run(job)
+                    outcome = lane.run(job)
                 except DeviceOut as exc:
                     self._jobs.put(job)  # for the devices still in the pool
                     self._results.put(_Result(lane, out=str(exc)))
                     return
-                result = _Result(lane, job, trace)
+                result = _Result(lane, job, outcome)
                 self._results.put(result)
                 result.recorded.wait()
                 with self._running_lock:

@@ -1,25 +1,30 @@
 """Jobs as Ray tasks: a run spread over the GPUs of a Ray cluster (or a local Ray instance).
 
 Every (candidate, workload) job is one task holding one GPU (one CPU where there is none), so
-Ray never places two jobs on one device. A task starts a worker process for the solution just as
-a local run does (the device check, the build, the job) and returns what the worker answered;
-the driver alone reaches the verdict against the references and writes the traces. Reference
-outputs are tasks too, holding a device like a job, so the driver never computes on a GPU while
-a job is timed on it; they are kept in the driver's memory for the run, never on disk.
+Ray never places two jobs on one device. A task is judge-side code: it builds a JobJudge from the
+run's plain settings, starts the solution's sandboxed worker as a local run does, judges the job
+(references computed in the task, on its device) and returns the outcome as JSON text, which the
+driver parses like any other untrusted reply. The driver writes every trace.
 
 A task whose device fails (its worker fails the device check, or the Ray task itself fails) is
-submitted again; a job whose device fails twice ends the run. Paths (solution folders, the
-build cache, workload files) are the driver's: the workers must see the same file system.
+submitted again; a job whose device fails twice ends the run. Paths (solution folders, the build
+cache, workload files) are the driver's: the workers must see the same file system.
 """
 
-from ..environment import hardware_name
+from pydantic import BaseModel, ValidationError
+
 from ..errors import FlashbenchError
-from ..reference import load_reference
-from . import process
-from .process import DeviceUnusable
-from .references import reference_outputs
+from .jobs import DeviceUnusable, JobJudge, JudgeConfig
+from .plan import Job
+from .session import JobOutcome
 
 TRIES = 2  # tasks a job gets when its device fails
+
+
+class TaskAnswer(BaseModel):
+    outcome: JobOutcome | None = None
+    environment: dict = {}
+    device_error: str = ""
 
 
 def import_ray():
@@ -30,46 +35,41 @@ def import_ray():
     return ray
 
 
-def job_task(config: dict, request: dict, timeout: float, on_gpu: bool) -> dict:
-    """On a Ray worker: one job in a fresh worker process, which is closed after it."""
+def job_task(config: JudgeConfig, job: Job, device: str) -> str:
+    """On a Ray worker: one job in a fresh sandboxed worker, which is closed after it."""
+    judge = JobJudge(config)
     try:
-        worker, failure = process.start_worker(config, timeout)
+        environment = judge.environment_of(device)
+        worker = None if judge.known_failure(job.candidate) else judge.start_worker(job.candidate, device)
     except DeviceUnusable as exc:
-        return {"device_error": str(exc)}
+        return TaskAnswer(device_error=str(exc)).model_dump_json()
+    if worker is None:
+        return TaskAnswer(outcome=judge.known_failure(job.candidate), environment=environment).model_dump_json()
     try:
-        outcome = failure or process.run_job(worker, request, timeout, on_gpu)
+        judge.references_for(job.workload, device)
+        outcome = judge.run(worker, job, device)
     finally:
         worker.close()
-    return {"outcome": outcome, "hardware": hardware_name(config["device"])}
-
-
-def reference_task(definition, root: str, definition_file: str, source: str, workload, seed: int, variant: int,
-                   device: str, base_dir: str) -> dict:
-    """On a Ray worker: the reference's outputs for one (seed, variant) of a workload."""
-    from pathlib import Path
-
-    run = load_reference(definition, Path(root), Path(definition_file))
-    return reference_outputs(definition, run, source, workload, seed, device, Path(base_dir), None, variant)
+    return TaskAnswer(outcome=outcome, environment=environment).model_dump_json()
 
 
 class RayBackend:
-    """The Ray backend: `run` submits jobs and yields (job, trace) as their tasks finish."""
+    """The Ray backend: `run` submits jobs and yields (job, outcome, environment) as their tasks finish."""
 
-    def __init__(self, runner):
+    def __init__(self, config: JudgeConfig, judge: JobJudge):
         self.ray = import_ray()
-        self.runner = runner
+        self.config = config
+        self.judge = judge
         # Ray shows a task only the GPU it holds, as cuda:0.
-        self.device = "cuda" if runner.on_gpu else "cpu"
-        resources = {"num_gpus": 1} if runner.on_gpu else {"num_cpus": 1}
-        # No retries by Ray: a task is submitted again only when its device failed.
-        self._job = self.ray.remote(max_retries=0, **resources)(job_task)
-        self._reference = self.ray.remote(max_retries=0, **resources)(reference_task)
+        self.device = "cuda" if config.options.on_gpu else "cpu"
+        resources = {"num_gpus": 1} if config.options.on_gpu else {"num_cpus": 1}
+        self._job = self.ray.remote(max_retries=0, **resources)(job_task)  # resubmitted only when the device failed
         self._in_flight: dict = {}  # task -> (job, tries so far)
         self._started = False
 
     def __enter__(self):
         if not self.ray.is_initialized():
-            self.ray.init(address=self.runner.options.ray_address, log_to_driver=False)
+            self.ray.init(address=self.config.options.ray_address, log_to_driver=False)
             self._started = True
         return self
 
@@ -81,50 +81,38 @@ class RayBackend:
             self.ray.shutdown()
 
     def run(self, jobs):
-        runner = self.runner
-        for workload in {job.workload.uuid: job.workload for job in jobs}.values():
-            runner.settle_references(workload, self.device)
         for job in jobs:
-            failure = runner.known_failure(job.candidate)
+            failure = self.judge.known_failure(job.candidate)
             if failure is not None:
-                yield job, runner.judge(job, failure, runner.options.device)
+                yield job, failure, {}
             else:
                 self._submit(job, 1)
         while self._in_flight:
             (task,), _ = self.ray.wait(list(self._in_flight), num_returns=1)
             job, tries = self._in_flight.pop(task)
             try:
-                answer = self.ray.get(task)
+                answer = TaskAnswer.model_validate_json(self.ray.get(task))
             except self.ray.exceptions.RayError as exc:
-                answer = {"device_error": f"the Ray task failed: {str(exc).splitlines()[0]}"}
-            if "device_error" in answer:
-                self._again(job, tries, answer["device_error"])
+                answer = TaskAnswer(device_error=f"the Ray task failed: {str(exc).splitlines()[0]}")
+            except ValidationError as exc:
+                answer = TaskAnswer(device_error=f"the Ray task's answer is malformed: {exc.errors()[0]['msg']}")
+            if answer.device_error:
+                self._again(job, tries, answer.device_error)
                 continue
-            if answer["hardware"] != runner.environment["hardware"]:
-                raise FlashbenchError(f"a Ray task ran on {answer['hardware']}, not {runner.environment['hardware']} "
-                                      "like the driver; run one kind of device per run")
-            yield job, runner.judge(job, answer["outcome"], self.device)
+            hardware = answer.environment.get("hardware")
+            if hardware and hardware != self.config.hardware:
+                raise FlashbenchError(f"a Ray task ran on {hardware}, not {self.config.hardware} like the driver; "
+                                      "run one kind of device per run")
+            yield job, answer.outcome, answer.environment
 
     def running(self) -> set[int]:
         """The jobs submitted and not yet recorded."""
         return {job.index for job, _ in self._in_flight.values()}
 
-    def reference_outputs(self, workload, keys, device):
-        runner = self.runner
-        tasks = [
-            self._reference.remote(runner.definition, str(runner.repo.root), str(runner.repo.definition_path(runner.definition.name)),
-                                   runner.reference_source, workload, seed, variant, device, str(runner.base_dir))
-            for seed, variant in keys
-        ]
-        return self.ray.get(tasks)
+    def _submit(self, job: Job, tries: int) -> None:
+        self._in_flight[self._job.remote(self.config, job, self.device)] = (job, tries)
 
-    def _submit(self, job, tries: int) -> None:
-        runner = self.runner
-        config = runner.worker_config(job.candidate, self.device)
-        task = self._job.remote(config, runner.job_request(job), runner.options.timeout, runner.on_gpu)
-        self._in_flight[task] = (job, tries)
-
-    def _again(self, job, tries: int, reason: str) -> None:
+    def _again(self, job: Job, tries: int, reason: str) -> None:
         if tries >= TRIES:
             raise FlashbenchError(f"{job.candidate.solution.name} on {job.workload.name}: the device failed "
                                   f"{tries} times: {reason}")

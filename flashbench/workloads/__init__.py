@@ -17,7 +17,7 @@ from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 from .generators import GENERATORS, sample_lengths
 from .tensors import DEFAULT_RANDOM, random_tensor, safetensors_tensor, scalar_value
 
-__all__ = ["GENERATORS", "derive_seed", "generate_inputs", "random_inputs", "redraw_random_inputs", "sample_lengths",
+__all__ = ["GENERATORS", "derive_seed", "generate_inputs", "random_inputs", "draw_windows", "write_window", "sample_lengths",
            "structured_inputs"]
 
 
@@ -75,15 +75,36 @@ def random_inputs(definition: Definition, workload: Workload) -> list[str]:
     ]
 
 
-def redraw_random_inputs(definition: Definition, workload: Workload, inputs: dict[str, Any], names: list[str],
-                         seed: int, variant: int) -> None:
-    """Overwrite the named random inputs in place with variant `variant` of their data."""
+# A call's fresh data: all of a random input up to this size, else a window this large at an offset
+# drawn from the call's seed. A cache of earlier results, or of anything derived from an input, then
+# misses part of every call's changes unless it reads the whole input again.
+REDRAW_WINDOW_BYTES = 1 << 20
+
+
+def window_elements(tensor) -> int:
+    return min(tensor.numel(), max(1, REDRAW_WINDOW_BYTES // tensor.element_size()))
+
+
+def draw_windows(definition: Definition, workload: Workload, like: dict[str, Any], names: list[str], seed: int,
+                 calls: int) -> dict[str, Any]:
+    """Fresh data for `calls` windows of each named random input, one draw per input (a batch of
+    calls costs a few launches, not a few per call)."""
+    fresh = {}
     for name in names:
-        tensor = inputs[name]
+        count = calls * window_elements(like[name])
         descriptor = workload.inputs.get(name, DEFAULT_RANDOM)
-        fresh = random_tensor(descriptor, list(tensor.shape), definition.inputs[name].dtype,
-                              random_seed(seed, workload, name, variant), str(tensor.device))
-        tensor.copy_(fresh)
+        fresh[name] = random_tensor(descriptor, [count], definition.inputs[name].dtype,
+                                    derive_seed(seed, workload.uuid, name, "windows"), str(like[name].device))
+    return fresh
+
+
+def write_window(workload: Workload, inputs: dict[str, Any], fresh: dict[str, Any], k: int, seed: int) -> None:
+    """Overwrite each input of `fresh` in place, at an offset drawn from `seed`, with window `k` of its data."""
+    for name, data in fresh.items():
+        flat = inputs[name].view(-1)
+        count = window_elements(flat)
+        start = derive_seed(seed, workload.uuid, name, "window") % (flat.numel() - count + 1)
+        flat[start:start + count].copy_(data[k * count:(k + 1) * count])
 
 
 def structured_inputs(workload: Workload, device: str) -> tuple[dict[str, Any], dict[str, int]]:

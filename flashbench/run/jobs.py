@@ -1,0 +1,183 @@
+"""Running one job on one device: what every backend does, in the runner's process or in a Ray task.
+
+`JobJudge` is built from plain values (`JudgeConfig`), so a Ray task can build its own; it starts
+sandboxed workers, never imports solution code, and returns a `JobOutcome` (a pydantic model, so
+it crosses to the Ray driver as JSON).
+"""
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..build import CACHE_DIR_NAME, folder_problem, missing_dependencies
+from ..environment import describe_environment
+from ..model import Definition, Workload
+from ..reference import load_reference
+from ..workloads import generate_inputs
+from . import sandbox
+from .judge.inputs import fresh_seed
+from .judge.references import ReferenceStore
+from .options import GPU_CHECKED_CALLS, MIN_BATCHES, SLOT_BUDGET_BYTES, TARGET_BATCH_MS, RunOptions
+from .plan import Candidate, Job
+from .protocol import Build, Failed, Probe, Setup
+from .recipe import L2Flush
+from .session import JobOutcome, Session, SessionSettings
+from .supervisor import WorkerGone, WorkerProcess
+
+DEVICE_CHECK_TIMEOUT_S = 120.0  # the worker's start and its device check; no solution code runs yet
+
+
+class DeviceUnusable(Exception):
+    """A worker could not use its device: the check it makes before any solution code runs failed."""
+
+
+@dataclass
+class JudgeConfig:
+    definition: Definition
+    root: Path
+    definition_file: Path
+    options: RunOptions
+    set_seeds: list[int]
+    isolation: str
+    hardware: str = ""  # the run's device model: a device of another model has no place in it
+    cache_dir: Path = field(default=Path(CACHE_DIR_NAME))
+
+    @classmethod
+    def for_run(cls, definition: Definition, root: Path, definition_file: Path, options: RunOptions,
+                hardware: str) -> "JudgeConfig":
+        sets = options.input_sets
+        seeds = [fresh_seed() for _ in range(sets)] if options.seed is None else [options.seed + i for i in range(sets)]
+        return cls(definition, root, definition_file, options, seeds, options.isolation or sandbox.available_isolation(),
+                   hardware, options.cache_dir or root / CACHE_DIR_NAME)
+
+
+class JobJudge:
+    def __init__(self, config: JudgeConfig):
+        self.config = config
+        self.definition = config.definition
+        self.options = config.options
+        self._references: ReferenceStore | None = None
+        self._flushes: dict[str, L2Flush] = {}
+        self._environments: dict[str, dict] = {}
+        self._failures: dict[tuple[str, str], JobOutcome] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def references(self) -> ReferenceStore:
+        with self._lock:
+            if self._references is None:
+                run = load_reference(self.definition, self.config.root, self.config.definition_file)
+                self._references = ReferenceStore(self.definition, run, self.options.reference_memory_bytes)
+            return self._references
+
+    def known_failure(self, candidate: Candidate) -> JobOutcome | None:
+        """Why `candidate` cannot run at all, once known: a bad folder, a missing dependency, a failed build."""
+        key = (str(candidate.folder), candidate.hash)
+        with self._lock:
+            if key not in self._failures:
+                failure = _failure_before_start(candidate)
+                if failure is not None:
+                    self._failures[key] = failure
+            return self._failures.get(key)
+
+    def start_worker(self, candidate: Candidate, device: str) -> WorkerProcess | None:
+        """A worker with `candidate` built on `device`, or None when the build failed (then
+        known_failure says why). DeviceUnusable when the worker cannot use the device."""
+        self.environment_of(device)
+        setup = Setup(definition=self.definition, solution=candidate.solution, folder=str(candidate.folder),
+                      device=device, build_dir=str(self.config.cache_dir / "build" / candidate.hash))
+        memory_limit = None if device.startswith("cuda") else self.options.memory_limit_bytes
+        try:
+            worker = WorkerProcess.start(setup, self.config.isolation, self.config.cache_dir / "workers", memory_limit)
+        except OSError as exc:
+            raise DeviceUnusable(f"its worker could not start: {exc}") from None
+        try:
+            probe = worker.ask(Probe(), DEVICE_CHECK_TIMEOUT_S)
+        except WorkerGone as gone:
+            raise DeviceUnusable(f"the device check failed: {gone.message}") from None
+        if isinstance(probe, Failed):
+            worker.close()
+            raise DeviceUnusable(f"the device check failed: {probe.message}")
+        failure = self._build(worker)
+        if failure is None:
+            return worker
+        worker.close()
+        with self._lock:
+            self._failures.setdefault((str(candidate.folder), candidate.hash), failure)
+        return None
+
+    def _build(self, worker: WorkerProcess) -> JobOutcome | None:
+        try:
+            built = worker.ask(Build(), self.options.timeout)
+        except WorkerGone as gone:
+            return JobOutcome(status=gone.status, message=f"build: {gone.message}", log=gone.log, worker_usable=False)
+        if isinstance(built, Failed):
+            return JobOutcome(status=built.status, message=built.message, log=worker.log_tail(), worker_usable=False)
+        if worker.leftovers():
+            return JobOutcome(status="REJECTED", message="left processes running after its import; they were killed",
+                              log=worker.log_tail(), worker_usable=False)
+        return None
+
+    def run(self, worker: WorkerProcess, job: Job, device: str) -> JobOutcome:
+        session = Session(self.settings(job.candidate, device), self.references, self.flush(device), device)
+        return session.run(worker, job.workload, job.candidate.solution.destination_passing_style)
+
+    def settings(self, candidate: Candidate, device: str) -> SessionSettings:
+        kind = torch.device(device).type
+        options = self.options
+        return SessionSettings(
+            base_dir=self.config.definition_file.parent, set_seeds=self.config.set_seeds, warmup=options.warmup,
+            iters=options.iters, graph=self.timing_method(candidate) == "graph", flush=options.flush,
+            timeout=options.timeout, target_batch_ms=TARGET_BATCH_MS[kind], min_batches=MIN_BATCHES[kind],
+            checked_calls=options.checked_calls if options.checked_calls is not None or kind == "cpu" else GPU_CHECKED_CALLS,
+            slot_budget_bytes=SLOT_BUDGET_BYTES[kind],
+        )
+
+    def timing_method(self, candidate: Candidate) -> str:
+        """The run's timing method, except that the reference is always timed with events: it copies
+        index data to the host, which a CUDA graph cannot capture, and at milliseconds per call its
+        launch overhead does not matter to the speedups it is the denominator of."""
+        if candidate.solution.name == "reference" or not self.options.on_gpu:
+            return "events"
+        return self.options.timing
+
+    def flush(self, device: str) -> L2Flush:
+        """The judge's own flush (for its baseline batches); a CPU has no L2 of the device's to flush."""
+        with self._lock:
+            if device not in self._flushes:
+                self._flushes[device] = L2Flush(self.options.flush if device.startswith("cuda") else "none", device)
+            return self._flushes[device]
+
+    def environment_of(self, device: str) -> dict:
+        """What a trace records about the device it ran on; DeviceUnusable for another kind of device."""
+        with self._lock:
+            if device not in self._environments:
+                try:
+                    environment = describe_environment(device, self.config.root)
+                except (RuntimeError, AssertionError, ValueError) as exc:  # no such device, or a failing one
+                    raise DeviceUnusable(f"it cannot be described: {exc}") from None
+                if self.config.hardware and environment["hardware"] != self.config.hardware:
+                    raise DeviceUnusable(f"it is {environment['hardware']}, not {self.config.hardware} like the run's device")
+                self._environments[device] = environment
+            return self._environments[device]
+
+    def references_for(self, workload: Workload, device: str) -> None:
+        """The reference outputs of a workload's input sets, computed before any solution runs on it."""
+        base_dir = self.config.definition_file.parent
+        for seed in self.config.set_seeds:
+            self.references.kept((workload.uuid, seed),
+                                 lambda: generate_inputs(self.definition, workload, seed, device, base_dir))
+
+
+def _failure_before_start(candidate: Candidate) -> JobOutcome | None:
+    problem = folder_problem(candidate.folder, candidate.solution)
+    if problem:
+        return JobOutcome(status="INVALID_SOLUTION", message=problem)
+    missing = missing_dependencies(candidate.solution)
+    if missing:
+        return JobOutcome(status="MISSING_DEPENDENCY", message=f"not installed: {', '.join(missing)}")
+    if candidate.solution.language == "cuda" and not torch.cuda.is_available():
+        return JobOutcome(status="MISSING_DEPENDENCY", message="a CUDA solution needs a CUDA device")
+    return None

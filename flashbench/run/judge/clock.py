@@ -1,0 +1,92 @@
+"""The judge's clock: the time a worker takes for a batch of calls, measured from the judge's own
+process, less what the harness's steps of that batch cost when the judge runs them itself.
+
+The worker's own per-call times (CUDA events or its host clock) are advisory: they are recorded,
+and on a GPU a pair whose worker reports far less time than the judge measured is rejected (work
+outside the timed calls, or a replaced timer), but the ranked figure is always the judge's.
+"""
+
+import math
+import statistics
+import time
+
+import torch
+
+from ...dtypes import torch_dtype
+from ..protocol import Batch, Call
+from ..recipe import CallClock, InputSets, L2Flush, run_batch
+from .inputs import JobInputs
+
+# Worker times under this share of the judge's, beyond the slack, cannot be honest. Judged on a GPU
+# only: on a CPU both clocks are the host's, and other load on it alone can split them.
+AGREEMENT_SHARE = 0.5
+SLACK_MS = 0.005
+BASELINE_REPEATS = 2  # the least of these: other load on the host only ever adds time
+
+
+class Baseline:
+    """A batch's steps without the solution's call, on scratch copies of one input set."""
+
+    def __init__(self, inputs: JobInputs, flush: L2Flush, copies_outputs: bool):
+        self.device = inputs.device
+        scratch = {name: tensor.clone() for name, tensor in inputs.tensors.items()}
+        self.inputs = InputSets(inputs.definition, inputs.workload, [scratch], inputs.random_names)
+        self.flush = flush
+        self.outputs = None
+        if copies_outputs:  # the worker moves returned outputs into their slot: so does the baseline
+            self.outputs = [(torch.zeros(shape, dtype=torch_dtype(dtype), device=self.device),
+                             torch.empty(shape, dtype=torch_dtype(dtype), device=self.device))
+                            for dtype, shape in inputs.outputs.values()]
+
+    def time_ms(self, batch: Batch) -> float:
+        mapped = batch.model_copy(update={"calls": [Call(set=0, slot=0, seed=call.seed) for call in batch.calls]})
+        return min(self._once(mapped) for _ in range(BASELINE_REPEATS))
+
+    def _once(self, batch: Batch) -> float:
+        clock = CallClock(self.device, len(batch.calls))
+        start = time.perf_counter()
+        run_batch(batch, self.inputs, self.flush, lambda call: None, self._copy, clock)
+        return (time.perf_counter() - start) * 1e3
+
+    def _copy(self, call: Call) -> None:
+        for returned, slot in self.outputs or ():
+            slot.copy_(returned)
+
+
+def per_call_ms(batch_ms: float, baseline_ms: float, calls: int) -> float:
+    return max(batch_ms - baseline_ms, 0.0) / calls
+
+
+def disagreement(worker_ms: float, judge_ms: float, device_type: str) -> str | None:
+    """Why the worker's own median per-call time cannot be true next to the judge's, if it cannot."""
+    if device_type != "cuda" or worker_ms >= AGREEMENT_SHARE * judge_ms - SLACK_MS:
+        return None
+    return (f"the solution's own clock disagrees with the judge's: {worker_ms * 1e3:.1f} µs per call against "
+            f"{judge_ms * 1e3:.1f} µs measured from outside (work outside the timed calls, or a replaced timer)")
+
+
+def summarize(samples: list[float]) -> dict:
+    """Median (the headline), spread, and a distribution-free 95% confidence interval of the median."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    half_width = 1.96 * math.sqrt(n) / 2
+    low = max(int(math.floor(n / 2 - half_width)), 0)
+    high = min(int(math.ceil(n / 2 + half_width)), n - 1)
+    return {
+        "latency_ms": statistics.median(ordered),
+        "mean_ms": statistics.fmean(ordered),
+        "std_ms": statistics.stdev(ordered) if n > 1 else 0.0,
+        "min_ms": ordered[0],
+        "p10_ms": _quantile(ordered, 0.10),
+        "p90_ms": _quantile(ordered, 0.90),
+        "samples": n,
+        "ci_low_ms": ordered[low],
+        "ci_high_ms": ordered[high],
+    }
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    below = int(math.floor(position))
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)

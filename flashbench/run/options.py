@@ -1,0 +1,53 @@
+"""How a run checks and times: every default in one place."""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .recipe import DEFAULT_FLUSH
+
+
+def default_memory_limit() -> int | None:
+    """Three quarters of the machine's memory for a CPU worker's address space."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@dataclass
+class RunOptions:
+    device: str = "cpu"  # names the hardware (and so the trace file); references run on its type
+    devices: list[str] | None = None  # the pool the jobs are spread over; None: [device]
+    backend: str = "local"  # local: the pool, in this process; ray: Ray tasks
+    ray_address: str | None = None  # None: a Ray instance of this machine's own
+    warmup: int = 5
+    iters: int = 50  # at least this many timed calls per job
+    seed: int | None = None  # None: input seeds drawn afresh for the run, unknown to any solution
+    input_sets: int = 3
+    timeout: float = 300.0
+    timing: str = "events"
+    flush: str = DEFAULT_FLUSH
+    # Timed calls checked per job, picked at random after they ran; None: all of them (on a CPU,
+    # where the reference is cheap), else this many.
+    checked_calls: int | None = None
+    isolation: str | None = None  # None: the strongest the machine allows (run/sandbox.py)
+    resume: bool = False
+    save: bool = True
+    trace_dir: Path | None = None
+    cache_dir: Path | None = None  # builds, and the workers' exchange directories
+    reference_memory_bytes: int = 8 << 30  # reference outputs kept for the run's later jobs
+    memory_limit_bytes: int | None = field(default_factory=default_memory_limit)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+
+# Per device kind: a timed batch lasts at least this long (ms), so the judge's handshake around it
+# stays under about 0.5% (the calls of a slow solution, e.g. Triton's interpreter, are batched one
+# by one); at least this many batches; output slots within this many bytes.
+TARGET_BATCH_MS = {"cuda": 20.0, "cpu": 20.0}
+MIN_BATCHES = {"cuda": 5, "cpu": 2}
+SLOT_BUDGET_BYTES = {"cuda": 4 << 30, "cpu": 256 << 20}
+GPU_CHECKED_CALLS = 8

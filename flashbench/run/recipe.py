@@ -1,0 +1,127 @@
+"""The steps of a batch of calls, the same code on both sides of the boundary.
+
+The worker runs them with the solution's call; the judge runs them without it (`invoke` does
+nothing) to learn what the harness's own steps cost, and subtracts that from the time it measured
+around the worker's batch. A batch draws its fresh data first; then each call: a window of its
+set's random inputs redrawn (when the call has a seed), the L2 flushed, then the call between two
+clock readings. A call's own host work is a few launches, so on a GPU a batch is bound by the
+device's time, which is what the judge's clock has to see.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..model import Definition, Workload
+from ..workloads import draw_windows, write_window
+from .protocol import Batch, Call
+
+FLUSH_BYTES = 256 << 20  # over 4x the H200's 60 MB L2
+# Changing what a flush does changes every timing: the version is recorded with each trace.
+FLUSH_METHODS = {
+    "write+read": "writes one 256 MiB buffer, then reads another: no input resident, no dirty line left",
+    "write": "writes one 256 MiB buffer (leaves dirty lines whose write-back the next call pays)",
+    "read": "reads one 256 MiB buffer",
+    "none": "no flush: a warm L2",
+}
+FLUSH_VERSION = 2
+DEFAULT_FLUSH = "write+read"
+
+
+def flush_label(method: str) -> str:
+    """How a trace names the L2's state before its timed calls."""
+    return "not flushed (warm)" if method == "none" else f"flushed: {method} v{FLUSH_VERSION}"
+
+
+class L2Flush:
+    """Puts the L2 cache in one defined state before every call (runs use "none" on a CPU)."""
+
+    def __init__(self, method: str, device: str, nbytes: int = FLUSH_BYTES):
+        if method not in FLUSH_METHODS:
+            raise ValueError(f"no L2 flush method {method!r}; known: {', '.join(FLUSH_METHODS)}")
+        self.method = method
+        self._written = self._read = self._sink = None
+        if "write" in method:
+            self._written = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        if "read" in method:
+            self._read = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+            self._sink = torch.empty((), dtype=torch.float32, device=device)
+
+    def __call__(self) -> None:
+        if self._written is not None:
+            self._written.zero_()
+        if self._read is not None:
+            torch.sum(self._read, dim=0, out=self._sink)
+
+
+
+class CallClock:
+    """The worker's own per-call times: CUDA events on a GPU, the host clock on a CPU."""
+
+    def __init__(self, device: str, calls: int):
+        self.on_gpu = torch.device(device).type == "cuda"
+        self.device = device
+        if self.on_gpu:
+            self._starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+            self._ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+        else:
+            self._host = [0.0] * (2 * calls)
+
+    def start(self, k: int) -> None:
+        if self.on_gpu:
+            self._starts[k].record()
+        else:
+            self._host[2 * k] = time.perf_counter()
+
+    def stop(self, k: int) -> None:
+        if self.on_gpu:
+            self._ends[k].record()
+        else:
+            self._host[2 * k + 1] = time.perf_counter()
+
+    def times_ms(self) -> list[float]:
+        """After the batch's device-wide synchronisation."""
+        if self.on_gpu:
+            return [s.elapsed_time(e) for s, e in zip(self._starts, self._ends)]
+        return [(self._host[2 * k + 1] - self._host[2 * k]) * 1e3 for k in range(len(self._host) // 2)]
+
+
+@dataclass
+class InputSets:
+    """The tensor inputs of each set and how a batch redraws part of their random inputs: one draw
+    of fresh data per input for the whole batch (from the batch's seed), then per call a window of
+    it written at an offset drawn from the call's seed."""
+
+    definition: Definition
+    workload: Workload
+    sets: list[dict[str, torch.Tensor]]
+    random_names: list[str]
+    fresh: dict | None = None
+
+    def draw(self, seed: int, calls: int) -> None:
+        self.fresh = draw_windows(self.definition, self.workload, self.sets[0], self.random_names, seed, calls)
+
+    def redraw(self, index: int, seed: int, k: int) -> None:
+        write_window(self.workload, self.sets[index], self.fresh, k, seed)
+
+
+def run_batch(batch: Batch, inputs: InputSets, flush: L2Flush, invoke: Callable[[Call], None],
+              after: Callable[[Call], None], clock: CallClock) -> None:
+    """`invoke` is timed by `clock`; `after` (moving returned outputs into their slot) is not."""
+    inputs.draw(batch.fresh_seed, len(batch.calls))
+    for k, call in enumerate(batch.calls):
+        if call.seed is not None:
+            inputs.redraw(call.set, call.seed, k)
+        flush()
+        clock.start(k)
+        invoke(call)
+        clock.stop(k)
+        after(call)
+    synchronize(clock.device)
+
+
+def synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

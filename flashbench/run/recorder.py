@@ -1,0 +1,97 @@
+"""The only writer of traces.
+
+Before every append the trace file must hold exactly what this recorder last wrote: otherwise
+something else wrote it while solutions ran; it is put back and every job that could have done
+it is rejected. The rest of the trace directory is watched too: a file that appears or changes
+during the run without this recorder writing it is renamed out of the boards' way
+(`*.untrusted`) and reported.
+"""
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..model import Trace
+from ..traces import append_trace, check_writable
+
+TRACE_FILE_CHANGED = "the trace file changed while this solution ran; it was restored"
+UNTRUSTED_SUFFIX = ".untrusted"
+
+
+@dataclass(frozen=True)
+class _Stamp:
+    size: int
+    mtime_ns: int
+    inode: int
+
+
+class TraceRecorder:
+    def __init__(self, trace_file: Path, trace_dir: Path, save: bool):
+        self.trace_file = trace_file
+        self.trace_dir = trace_dir
+        self.save = save
+        self._written = b""
+        self._stamps: dict[Path, _Stamp] = {}
+        self.untrusted: list[Path] = []
+
+    def open(self) -> None:
+        """Fail before any work if the trace file cannot be written; remember the directory as it is."""
+        if not self.save:
+            return
+        check_writable(self.trace_file)
+        self._written = self.trace_file.read_bytes()
+        self._stamps = _stamps(self.trace_dir)
+
+    def record(self, trace: Trace) -> tuple[Trace, bool]:
+        """Append `trace`; also whether the trace file had been changed by someone else (then it is
+        restored and `trace` rejected)."""
+        if not self.save:
+            return trace, False
+        tampered = self.trace_file.read_bytes() != self._written
+        if tampered:
+            restored = self.trace_file.with_suffix(".restore")
+            restored.write_bytes(self._written)
+            restored.replace(self.trace_file)
+            trace = rejected(trace, TRACE_FILE_CHANGED)
+        self.set_aside_foreign_files()
+        append_trace(self.trace_file, trace)
+        self._written = self.trace_file.read_bytes()
+        self._stamps[self.trace_file] = _stamp(self.trace_file)
+        return trace, tampered
+
+    def set_aside_foreign_files(self) -> list[Path]:
+        """Files under the trace directory that appeared or changed since the last look, other than the
+        trace file (handled by `record`), renamed so no board reads them."""
+        if not self.save:
+            return []
+        found = []
+        for path, stamp in _stamps(self.trace_dir).items():
+            if path == self.trace_file or self._stamps.get(path) == stamp:
+                continue
+            aside = path.with_name(f"{path.name}.{int(time.time())}{UNTRUSTED_SUFFIX}")
+            path.replace(aside)
+            found.append(aside)
+            print(f"warning: {path} appeared or changed during the run without flashbench writing it; "
+                  f"moved to {aside.name}", file=sys.stderr)
+        self.untrusted += found
+        self._stamps = _stamps(self.trace_dir)
+        return found
+
+
+def rejected(trace: Trace, message: str) -> Trace:
+    return trace.model_copy(update={"status": "REJECTED", "performance": None, "message": message})
+
+
+def _stamps(folder: Path) -> dict[Path, _Stamp]:
+    stamps = {}
+    for path in folder.rglob("*"):
+        if path.name.endswith(UNTRUSTED_SUFFIX) or (path.is_dir() and not path.is_symlink()):
+            continue
+        stamps[path] = _stamp(path)
+    return stamps
+
+
+def _stamp(path: Path) -> _Stamp:
+    stat = path.lstat()  # a link is judged as a link: where it points may be anywhere
+    return _Stamp(stat.st_size, stat.st_mtime_ns, stat.st_ino)

@@ -1,0 +1,496 @@
+"""The sandbox of a worker, the only process that imports solution code.
+
+Two levels, strongest first:
+- "namespaces": the worker starts under `unshare` in new user (root mapped), PID, mount, network
+  and IPC namespaces. It is PID 1 of its PID namespace, so when it dies the kernel kills every
+  process it started, daemons included. Before running anything else it makes the whole file tree
+  read-only (/sys and the kernel's settings under /proc included: as root mapped to root it could
+  otherwise write the host's sysctls), binds back only the directories it may write (its exchange and
+  build directories), puts fresh tmpfs on /tmp, /dev/shm and /dev/pts, and then enters a nested user
+  namespace, which cannot remount or unmount what its parent set up.
+- "process": a session and process group of its own, and rlimits. Daemons can escape it.
+
+Stdlib only: this file also runs as a script (`python sandbox.py SPEC ISOLATION MODULE ARGS...`)
+that enters the sandbox before anything else is imported, then runs MODULE as __main__.
+"""
+
+import ctypes
+import dataclasses
+import errno
+import functools
+import json
+import os
+import resource
+import runpy
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+ISOLATION_LEVELS = ("namespaces", "process")  # strongest first
+ISOLATION_VARIABLE = "FLASHBENCH_ISOLATION"
+UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
+           "--net", "--ipc"]
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REAP_TIMEOUT_S = 10.0
+
+# Covered by fresh tmpfs inside: whatever the worker needs from under them is bound back.
+COVERED = ("/tmp", "/dev/shm")
+# Read-only inside a /proc that is otherwise writable again (as a container runtime keeps them).
+KERNEL_SETTINGS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+
+# The worker's environment: toolchains, devices, threads; nothing that could hold a secret or point
+# at the runner's files (HOME, XDG_*, caches: the caller gives the worker its own).
+ALLOWED_VARIABLES = frozenset({
+    "PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV",
+    "CONDA_PREFIX", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME", "CUDA_PATH",
+    "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "CC", "CXX", "CUDAHOSTCXX", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+})
+ALLOWED_PREFIXES = ("NVIDIA_", "TRITON_", "OPENBLAS_")
+DENIED_VARIABLES = frozenset({"TRITON_HOME"})  # and every *_DIR: directories are the caller's to set
+
+# Linux ABI (mount.h, sched.h, fcntl.h). mount_setattr has the same number on every architecture.
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 0x20, 0x400, 0x800, 0x1000, 0x4000
+MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1 << 18, 1 << 21, 1 << 24
+CLONE_NEWUSER = 0x10000000
+SYS_MOUNT_SETATTR = 442
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+REMOUNT_KEPT_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+                        "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+
+
+class SandboxError(Exception):
+    """The sandbox could not be set up."""
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    writable: tuple[str, ...] = ()  # absolute directories the worker may write (exchange dir, build dir)
+    readable: tuple[str, ...] = ()  # directories it must see though they lie under /tmp or /dev/shm
+    memory_limit_bytes: int | None = None  # RLIMIT_AS when set (CPU workers)
+    file_size_limit_bytes: int = 1 << 30  # RLIMIT_FSIZE
+    tmpfs_bytes: int = 1 << 30  # size of the private /tmp and /dev/shm (namespaces level)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "SandboxSpec":
+        data = json.loads(text)
+        return cls(**{**data, "writable": tuple(data["writable"]), "readable": tuple(data["readable"])})
+
+
+# Choosing and starting.
+
+def available_isolation() -> str:
+    """The strongest level this machine allows, or the one FLASHBENCH_ISOLATION asks for."""
+    requested = os.environ.get(ISOLATION_VARIABLE, "")
+    if requested and requested not in ISOLATION_LEVELS:
+        raise ValueError(f"{ISOLATION_VARIABLE}={requested!r} is not one of {', '.join(ISOLATION_LEVELS)}")
+    if requested == "process":
+        return "process"
+    problem = _namespaces_problem()
+    if problem is None:
+        return "namespaces"
+    if requested == "namespaces":
+        raise SandboxError(f"{ISOLATION_VARIABLE}=namespaces, but {problem}")
+    return "process"
+
+
+@functools.cache
+def _namespaces_problem() -> str | None:
+    """Why `unshare` cannot start a worker here, or None when it can."""
+    try:
+        probe = subprocess.run([*UNSHARE, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unshare cannot run: {exc}"
+    if probe.returncode != 0:
+        lines = probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"]
+        return f"unshare failed: {lines[-1]}"
+    return None
+
+
+def worker_command(isolation: str, spec: SandboxSpec, module: str, args: list[str]) -> list[str]:
+    """The argv that runs `module` as __main__, with `args` as its arguments, inside the sandbox."""
+    boot = [sys.executable, os.path.abspath(__file__), spec.to_json(), isolation, module, *args]
+    if isolation == "namespaces":
+        return [*UNSHARE, "--", *boot]
+    if isolation == "process":
+        return boot
+    raise ValueError(f"unknown isolation level {isolation!r}")
+
+
+def worker_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """An allow-listed copy of this process's environment, then `extra` on top."""
+    kept = {name: value for name, value in os.environ.items() if _allowed_variable(name)}
+    return {**kept, **(extra or {})}
+
+
+def _allowed_variable(name: str) -> bool:
+    if name in DENIED_VARIABLES or name.endswith("_DIR"):
+        return False
+    return name in ALLOWED_VARIABLES or name.startswith(ALLOWED_PREFIXES)
+
+
+# Inside the worker.
+
+def enter(spec: SandboxSpec, isolation: str) -> None:
+    """Shuts the calling process in; call it while the process is still single-threaded."""
+    _leave_session()
+    if isolation == "namespaces":
+        _enter_namespaces(spec)
+    elif isolation == "process":
+        _use_private_tmpdir(spec)
+    else:
+        raise ValueError(f"unknown isolation level {isolation!r}")
+    _set_limits(spec)
+
+
+def _leave_session() -> None:
+    """A session and process group of its own: the runner's terminal signals stop reaching it, and the
+    group is what the process level ends."""
+    if os.getsid(0) == os.getpid():
+        return
+    try:
+        os.setsid()
+    except PermissionError:  # already a process group leader: the group is its own
+        pass
+
+
+def _set_limits(spec: SandboxSpec) -> None:
+    """Soft and hard limits alike, so the worker cannot raise them again."""
+    _limit(resource.RLIMIT_CORE, 0)
+    _limit(resource.RLIMIT_FSIZE, spec.file_size_limit_bytes)
+    if spec.memory_limit_bytes is not None:
+        _limit(resource.RLIMIT_AS, spec.memory_limit_bytes)
+
+
+def _limit(which: int, value: int) -> None:
+    hard = resource.getrlimit(which)[1]
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
+def _use_private_tmpdir(spec: SandboxSpec) -> None:
+    if spec.writable:
+        tmpdir = os.path.join(spec.writable[0], "tmp")
+        os.makedirs(tmpdir, mode=0o700, exist_ok=True)
+        os.environ["TMPDIR"] = tmpdir
+
+
+def _enter_namespaces(spec: SandboxSpec) -> None:
+    """The mount steps, in the mount namespace `unshare` made, as root of the user namespace it made."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here propagates to the host
+    # Opened before the tmpfs covers /tmp: the exchange and build dirs, and what Python imports from, may lie there.
+    binds = _open_binds(spec)
+    try:
+        _make_read_only("/", recursive=True)
+        _open_proc_except_kernel_settings()
+        _mount_private_tmpfs(spec.tmpfs_bytes)
+        for path, fd, writable in binds:
+            _bind_back(path, fd, writable)
+    finally:
+        for _, fd, _ in binds:
+            os.close(fd)
+    os.environ["TMPDIR"] = "/tmp"
+    _lock_mounts()
+
+
+def _open_binds(spec: SandboxSpec) -> list[tuple[str, int, bool]]:
+    """(path, O_PATH descriptor, writable) for each directory to bind back, parents before children, so
+    that a writable directory inside a readable one stays writable."""
+    readable = {os.path.realpath(path) for path in (*spec.readable, *_import_paths())}
+    wanted = {path: False for path in readable if _covered(path)}
+    wanted.update({os.path.realpath(path): True for path in spec.writable})
+    binds = []
+    for path in sorted(wanted, key=lambda p: p.count(os.sep)):
+        try:
+            binds.append((path, os.open(path, os.O_PATH | os.O_DIRECTORY), wanted[path]))
+        except OSError as exc:
+            for _, fd, _ in binds:
+                os.close(fd)
+            raise SandboxError(f"cannot open {path}: {exc.strerror}") from None
+    return binds
+
+
+def _import_paths() -> list[str]:
+    """The directories on sys.path: the worker must still import what this interpreter could."""
+    return [path for path in sys.path if path and os.path.isdir(path)]
+
+
+def _covered(path: str) -> bool:
+    """Inside /tmp or /dev/shm (not those themselves: the fresh tmpfs is the point)."""
+    return any(_within(path, root) and path != root for root in COVERED)
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _mount_private_tmpfs(size: int) -> None:
+    """Fresh /tmp and /dev/shm shared with no one, and an empty read-only /dev/pts: no terminal of the
+    runner can be opened."""
+    for target in COVERED:
+        if os.path.isdir(target):
+            _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
+    if os.path.isdir("/dev/pts"):
+        _mount("tmpfs", "/dev/pts", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=755")
+
+
+def _bind_back(path: str, fd: int, writable: bool) -> None:
+    """Binds the directory held by `fd` at `path`: read-only like its source, or made writable."""
+    os.makedirs(path, exist_ok=True)  # its mount point, where it lies inside a fresh tmpfs
+    _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+    if writable:
+        _make_writable(path)
+
+
+def _lock_mounts() -> None:
+    """A nested user namespace has no say over this mount namespace: it can neither remount nor unmount
+    what was set up, and a mount namespace of its own inherits all of it locked."""
+    _unshare(CLONE_NEWUSER)
+    _write_proc("/proc/self/setgroups", "deny")
+    _write_proc("/proc/self/uid_map", "0 0 1")
+    _write_proc("/proc/self/gid_map", "0 0 1")
+
+
+def _write_proc(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as handle:
+            handle.write(text)
+    except OSError as exc:
+        raise SandboxError(f"cannot write {path}: {exc.strerror}") from None
+
+
+# Mounts through libc.
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _call(what: str, function, *args) -> None:
+    if function(*args) != 0:
+        raise SandboxError(f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _call(f"mount on {target}", _libc().mount, _bytes(source), _bytes(target), _bytes(fstype), ctypes.c_ulong(flags),
+          _bytes(data))
+
+
+def _bytes(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
+
+
+def _unshare(flags: int) -> None:
+    _call("unshare", _libc().unshare, ctypes.c_int(flags))
+
+
+def _make_read_only(path: str, recursive: bool) -> None:
+    """The mount at `path` read-only, and every mount below it when recursive."""
+    if not _mount_setattr(path, AT_RECURSIVE if recursive else 0, attr_set=MOUNT_ATTR_RDONLY):
+        targets = [target for target in _mount_options() if _within(target, path)] if recursive else [path]
+        _remount_each(targets, read_only=True)
+
+
+def _open_proc_except_kernel_settings() -> None:
+    """The namespace's /proc writable again (CUDA's driver fails to start, error 304, on a read-only
+    one), but not the kernel's settings in it: as root mapped to root, the worker could otherwise write
+    the host's sysctls or trigger sysrq (the parts a container runtime also keeps read-only)."""
+    _make_writable("/proc")
+    for path in KERNEL_SETTINGS:
+        if os.path.exists(path):
+            _mount(path, path, None, MS_BIND | MS_REC)
+            _make_read_only(path, recursive=True)
+
+
+def _make_writable(path: str) -> None:
+    """The mount at `path` writable again (it is a bind, read-only like its source)."""
+    if not _mount_setattr(path, 0, attr_clr=MOUNT_ATTR_RDONLY):
+        _remount_each([path], read_only=False)
+
+
+def _remount_each(targets: list[str], read_only: bool) -> None:
+    """The fallback of kernels without mount_setattr: one bind remount per mount point."""
+    options = _mount_options()
+    failed = [target for target in targets if not _remount(target, options[target], read_only)]
+    # A mount point that a later mount hides cannot be reached by its path, nor by the worker.
+    left = [target for target in failed if _is_read_only(target) != read_only]
+    if left:
+        raise SandboxError(f"cannot remount {left[0]} {'read-only' if read_only else 'writable'}")
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+def _mount_setattr(path: str, flags: int, attr_set: int = 0, attr_clr: int = 0) -> bool:
+    """mount_setattr(2) (Linux 5.12): False when the kernel lacks it."""
+    attr = _MountAttr(attr_set=attr_set, attr_clr=attr_clr)
+    result = _libc().syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_long(AT_FDCWD), path.encode(),
+                             ctypes.c_long(flags), ctypes.byref(attr), ctypes.c_long(ctypes.sizeof(attr)))
+    if result == 0:
+        return True
+    if ctypes.get_errno() == errno.ENOSYS:
+        return False
+    raise SandboxError(f"mount_setattr {path}: {os.strerror(ctypes.get_errno())}")
+
+
+def _remount(path: str, options: list[str], read_only: bool) -> bool:
+    """A bind remount that keeps the mount's other flags: a user namespace may not change them."""
+    flags = MS_REMOUNT | MS_BIND | (MS_RDONLY if read_only else 0) | _kept_flags(options)
+    return _libc().mount(None, path.encode(), None, ctypes.c_ulong(flags), None) == 0
+
+
+def _kept_flags(options: list[str]) -> int:
+    flags = sum(REMOUNT_KEPT_OPTIONS[option] for option in options if option in REMOUNT_KEPT_OPTIONS)
+    if not {"noatime", "relatime"} & set(options):
+        flags |= MS_STRICTATIME
+    return flags
+
+
+def _mount_options() -> dict[str, list[str]]:
+    """Mount point -> per-mount options of the mount on top there, from /proc/self/mountinfo."""
+    options = {}
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            fields = line.split()
+            options[_unescape(fields[4])] = fields[5].split(",")
+    return options
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash in octal (\\040)."""
+    return field.encode().decode("unicode_escape").encode("latin-1").decode(errors="surrogateescape")
+
+
+def _is_read_only(path: str) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+
+
+# From the runner's side.
+
+def worker_pid(pid: int, isolation: str) -> int | None:
+    """The host PID of the worker started as `pid` (the Popen pid): at the namespaces level the child of
+    `unshare`, which is the init of the PID namespace; None when it is not running."""
+    if isolation == "process":
+        return pid if _state(pid) not in (None, "Z") else None
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            candidates = [int(child) for child in children.read().split()]
+    except OSError:
+        return None
+    return next((child for child in candidates if _state(child) not in (None, "Z")), None)
+
+
+def sandbox_processes(pid: int, isolation: str) -> list[int]:
+    """Host PIDs of the live processes in the sandbox of the worker started as `pid`, the worker excepted:
+    those in its PID namespace, or at the process level those in its process group."""
+    worker = worker_pid(pid, isolation)
+    if worker is None:
+        return []
+    if isolation == "namespaces":
+        namespace = _pid_namespace(worker)
+        members = [p for p in _live_processes() if _pid_namespace(p) == namespace]
+    else:
+        members = [p for p, group in _live_processes().items() if group == worker]
+    return sorted(p for p in members if p != worker)
+
+
+def end_sandbox(process: subprocess.Popen, isolation: str) -> None:
+    """SIGKILLs everything in the sandbox and the started process, and reaps it. Safe to call twice."""
+    if isolation == "namespaces":
+        _end_pid_namespace(process)
+    else:
+        _kill(process.pid, group=True)
+    process.kill()  # a no-op once it has been reaped
+    _reap(process)
+
+
+def _end_pid_namespace(process: subprocess.Popen) -> None:
+    """Kills the namespace's init, whose death makes the kernel kill everyone else in it, setsid daemons
+    included; `unshare` exits once its child is gone, which is after all of them."""
+    init = worker_pid(process.pid, "namespaces") if process.poll() is None else None  # unshare's PID is still its
+    if init is not None:
+        _kill(init)
+        _reap(process)
+
+
+def _kill(pid: int, group: bool = False) -> None:
+    try:
+        (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _reap(process: subprocess.Popen) -> None:
+    try:
+        process.wait(timeout=REAP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # stuck in the kernel (a device driver): a later poll reaps it
+        pass
+
+
+def _live_processes() -> dict[int, int]:
+    """PID -> process group of every process on the host that is not a zombie."""
+    groups = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _stat_fields(int(name))
+            if stat is not None and stat[0] not in ("Z", "X"):
+                groups[int(name)] = int(stat[2])
+    return groups
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name: state, ppid, pgrp, ..."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].decode().split()
+    except OSError:
+        return None
+
+
+def _state(pid: int) -> str | None:
+    stat = _stat_fields(pid)
+    return stat[0] if stat else None
+
+
+def _pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+# Script mode: the worker's first Python code.
+
+def _main(argv: list[str]) -> None:
+    if len(argv) < 3:
+        sys.exit("usage: sandbox.py SPEC_JSON ISOLATION MODULE [ARGS...]")
+    spec_json, isolation, module, *args = argv
+    _import_from_source_root()
+    try:
+        enter(SandboxSpec.from_json(spec_json), isolation)
+    except SandboxError as exc:
+        sys.exit(f"sandbox: {exc}")
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _import_from_source_root() -> None:
+    """The flashbench this file belongs to, rather than its own folder (flashbench/run), which Python put
+    first on sys.path for the script."""
+    script_dir = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [path for path in sys.path if os.path.abspath(path or ".") != script_dir]
+    if SOURCE_ROOT not in sys.path:
+        sys.path.insert(0, SOURCE_ROOT)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

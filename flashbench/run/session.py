@@ -1,0 +1,322 @@
+"""One job (a solution on a workload) on one device, judged from outside its worker.
+
+The recipe, as a sentence: allocate the job's arena and write its input sets; call every set once
+and one set twice, and check those outputs and that the two identical calls agree; warm up on
+fresh inputs; then timed batches, each call on inputs redrawn from a seed of its own, timed by the
+judge's clock and less the harness's own steps; after every batch read back the outputs of the
+calls picked (after the fact) for checking, and see that the inputs were left as they were drawn;
+finally check the picked outputs against the reference on the same inputs.
+"""
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel
+
+from ..dtypes import is_float, torch_dtype
+from ..model import OutputError, Status
+from .arena import Arena, plan_layout, views
+from .judge.check import Verdict, compare_outputs
+from .judge.clock import Baseline, disagreement, per_call_ms, summarize
+from .judge.inputs import JobInputs, fresh_seed
+from .judge.references import ReferenceStore
+from .protocol import Batch, BatchDone, Call, Close, Failed, Open, Opened
+from .recipe import L2Flush
+from .supervisor import WorkerGone, WorkerProcess
+
+_secret = random.SystemRandom()
+
+
+class JobOutcome(BaseModel):
+    """What the judge found; the runner turns it into a trace."""
+
+    status: Status
+    message: str = ""
+    log: str = ""
+    errors: dict[str, OutputError] = {}
+    timing: dict | None = None  # summary statistics and the clocks' details, when timed
+    worker_usable: bool = True  # False: the next job needs a fresh worker
+
+
+@dataclass
+class SessionSettings:
+    """How a run checks and times its jobs (one value for every job of the run)."""
+
+    base_dir: Path
+    set_seeds: list[int]
+    warmup: int
+    iters: int
+    graph: bool
+    flush: str
+    timeout: float
+    checked_calls: int | None  # timed calls checked per job; None: every one
+    target_batch_ms: float  # a batch at least this long, so the handshake around it is negligible
+    min_batches: int
+    slot_budget_bytes: int
+    max_batch: int = 1000
+
+
+@dataclass
+class _Check:
+    label: str
+    outputs: dict[str, torch.Tensor]  # read from the call's slot right after its batch
+    expected: dict[str, torch.Tensor]  # the reference on the call's inputs
+
+
+@dataclass
+class _Times:
+    judge_ms: list[float] = field(default_factory=list)  # per call, one value per batch
+    worker_ms: list[float] = field(default_factory=list)  # per call, every call
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+class Session:
+    def __init__(self, settings: SessionSettings, references: ReferenceStore, flush: L2Flush, device: str):
+        self.settings = settings
+        self.references = references
+        self.flush = flush
+        self.device = device
+        self.definition = references.definition
+
+    def run(self, worker: WorkerProcess, workload, destination_passing: bool) -> JobOutcome:
+        try:
+            return self._run(worker, workload, destination_passing)
+        except WorkerGone as gone:
+            return JobOutcome(status=gone.status, message=gone.message, log=gone.log, worker_usable=False)
+        except _Stop as stop:
+            return stop.outcome
+
+    def _run(self, worker, workload, destination_passing) -> JobOutcome:
+        settings = self.settings
+        inputs = JobInputs(self.definition, workload, settings.set_seeds, self.device, settings.base_dir)
+        sets = len(settings.set_seeds)
+        out_bytes = sum(math.prod(shape) * torch.empty((), dtype=torch_dtype(dtype)).element_size() for dtype, shape in inputs.outputs.values())
+        slots = max(sets + 1, min(settings.max_batch, settings.slot_budget_bytes // max(out_bytes, 1)))
+        layout = plan_layout(inputs.tensors, inputs.scalars, inputs.outputs, sets, slots)
+        arena = self._open_arena(worker, workload, layout)
+        try:
+            arena_sets = [views(arena.memory, s) for s in layout.sets]
+            arena_slots = [views(arena.memory, s) for s in layout.slots]
+            for arena_set, made in zip(arena_sets, inputs.sets):
+                for name, tensor in arena_set.items():
+                    tensor.copy_(made[name])
+            job = _Job(self, worker, inputs, arena_sets, arena_slots)
+            outcome = job.judge(Baseline(inputs, self.flush, copies_outputs=not destination_passing))
+            if worker.alive():
+                try:
+                    worker.ask(Close(), settings.timeout)
+                except WorkerGone:  # the verdict stands; the next job gets a fresh worker
+                    outcome.worker_usable = False
+            return outcome
+        finally:
+            arena.close()
+
+    def _open_arena(self, worker: WorkerProcess, workload, layout) -> Arena:
+        """A CPU job's arena is a file the judge makes; a GPU job's, memory the worker exports."""
+        on_gpu = torch.device(self.device).type == "cuda"
+        arena = None if on_gpu else Arena.create_file(layout.nbytes, worker.exchange_dir)
+        open_job = Open(workload=workload, arena=arena and arena.handle, layout=layout, flush=self.flush.method)
+        reply = worker.ask(open_job, self.settings.timeout)
+        if isinstance(reply, Failed):
+            if arena:
+                arena.close()
+            raise _Stop(JobOutcome(status=reply.status, message=reply.message, log=worker.log_tail(),
+                                   worker_usable=not on_gpu))
+        if not on_gpu:
+            return arena
+        if not isinstance(reply, Opened):
+            raise _Stop(JobOutcome(status="REJECTED", message="the worker answered the job with no arena",
+                                   log=worker.log_tail(), worker_usable=False))
+        try:
+            return Arena.import_cuda(reply.arena, layout.nbytes, self.device)
+        except (ValueError, RuntimeError) as exc:
+            raise _Stop(JobOutcome(status="REJECTED", message=f"the worker's arena cannot be used: {exc}",
+                                   log=worker.log_tail(), worker_usable=False)) from None
+
+
+class _Stop(Exception):
+    def __init__(self, outcome: JobOutcome):
+        self.outcome = outcome
+
+
+class _Job:
+    """The batches of one job and what the judge read after each."""
+
+    def __init__(self, session: Session, worker: WorkerProcess, inputs: JobInputs, arena_sets, arena_slots):
+        self.session = session
+        self.settings = session.settings
+        self.definition = session.definition
+        self.worker = worker
+        self.inputs = inputs
+        self.arena_sets = arena_sets
+        self.arena_slots = arena_slots
+        self.checks: list[_Check] = []
+        self.times = _Times()
+
+    def judge(self, baseline: Baseline) -> JobOutcome:
+        sets = len(self.arena_sets)
+        first = [Call(set=i, slot=i) for i in range(sets)] + [Call(set=0, slot=sets)]
+        self.batch(first, timed=False, graph=False,
+                   picked={k: f"input set {c.set}" if c.slot < sets else "the repeated call" for k, c in enumerate(first)})
+        self.timed_batches(baseline, self.warm_up())
+        verdict = self.check_outputs()
+        if not verdict.passed:
+            return self.outcome(verdict)
+        return self.outcome(verdict, self.timing())
+
+    def warm_up(self) -> float:
+        """The judge's time per call of a batch, its steps included (ms); the graphs are captured here
+        in graph timing."""
+        sets = len(self.arena_sets)
+        count = max(self.settings.warmup, 1, sets if self.settings.graph else 0)
+        calls = [self.fresh_call(k) for k in range(count)]
+        return self.batch(calls, timed=False, graph=self.settings.graph, picked={})[0] / count
+
+    def timed_batches(self, baseline: Baseline, step_ms: float) -> None:
+        """Batches long enough that the handshake around each is negligible, and at least `iters` calls."""
+        settings = self.settings
+        size = math.ceil(settings.target_batch_ms / max(step_ms, 1e-3))
+        size = max(1, min(size, len(self.arena_slots), settings.max_batch))
+        batches = max(settings.min_batches, math.ceil(settings.iters / size))
+        picked = self.pick_checks(batches, size)
+        for b in range(batches):
+            calls = [self.fresh_call(k) for k in range(size)]
+            labels = {k: f"timed call {b * size + k + 1} of {batches * size}" for k in picked.get(b, [])}
+            batch_ms, batch = self.batch(calls, timed=True, graph=settings.graph, picked=labels)
+            self.times.judge_ms.append(per_call_ms(batch_ms, baseline.time_ms(batch), size))
+            self.times.batch_sizes.append(size)
+
+    def fresh_call(self, k: int) -> Call:
+        sets = len(self.arena_sets)
+        slot = k % sets if self.settings.graph else k % len(self.arena_slots)
+        return Call(set=k % sets, slot=slot, seed=fresh_seed())
+
+    def pick_checks(self, batches: int, size: int) -> dict[int, list[int]]:
+        """Which timed calls are checked, drawn in the judge where the worker cannot see: every call
+        can be one. Under graph replay a slot holds the last call on its set, so only those can."""
+        sets = len(self.arena_sets)
+        per_batch = [k for k in range(size) if not self.settings.graph or k >= size - sets]
+        candidates = [(b, k) for b in range(batches) for k in per_batch]
+        count = len(candidates) if self.settings.checked_calls is None else min(self.settings.checked_calls, len(candidates))
+        picked: dict[int, list[int]] = {}
+        for b, k in _secret.sample(candidates, count):
+            picked.setdefault(b, []).append(k)
+        return picked
+
+    def batch(self, calls: list[Call], timed: bool, graph: bool, picked: dict[int, str]) -> tuple[float, Batch]:
+        """Run one batch; the judge's time for it (ms). The picked calls' references are computed
+        first (the worker waits), the outputs poisoned; after the batch the picked calls' outputs
+        are read, and leftovers and changes to the inputs looked for."""
+        batch = Batch(calls=calls, graph=graph, fresh_seed=fresh_seed())
+        expected = self.expect(batch, picked)
+        for slot in self.arena_slots[:max(c.slot for c in calls) + 1]:
+            for tensor in slot.values():
+                _poison(tensor)
+        _synchronize(self.session.device)
+        reply, elapsed_ms = self.worker.timed_ask(batch, self.settings.timeout)
+        if isinstance(reply, Failed):
+            raise _Stop(JobOutcome(status=reply.status, message=reply.message, log=self.worker.log_tail(),
+                                   worker_usable=self.session.device == "cpu"))
+        if not isinstance(reply, BatchDone) or len(reply.event_ms) != len(calls):
+            raise _Stop(self.rejected("the worker's reply does not match the batch it was sent"))
+        for k, label in picked.items():  # copies taken now: nothing written later counts
+            outputs = {name: tensor.clone() for name, tensor in self.arena_slots[calls[k].slot].items()}
+            self.checks.append(_Check(label, outputs, expected[k]))
+        self.reject_leftovers()
+        self.reject_changed_inputs()
+        if timed:
+            self.times.worker_ms += reply.event_ms
+        return elapsed_ms, batch
+
+    def expect(self, batch: Batch, picked: dict[int, str]) -> dict[int, dict]:
+        """Replays the batch's redraws on the judge's copies of the sets; the reference outputs of
+        the picked calls on the inputs each will see."""
+        found = {}
+        self.inputs.replay.draw(batch.fresh_seed, len(batch.calls))
+        for k, call in enumerate(batch.calls):
+            if call.seed is not None:
+                self.inputs.replay.redraw(call.set, call.seed, k)
+            if k in picked:
+                found[k] = self.reference(call)
+        return found
+
+    def reference(self, call: Call) -> dict:
+        references = self.session.references
+        if call.seed is None:  # a set as drawn: the same for every solution of the run
+            key = (self.inputs.workload.uuid, self.settings.set_seeds[call.set])
+            return references.kept(key, lambda: self.inputs.sets[call.set])
+        return references.compute(self.inputs.current[call.set])
+
+    def reject_leftovers(self) -> None:
+        leftovers = self.worker.leftovers()
+        if leftovers:
+            log = self.worker.log_tail()
+            self.worker.close()
+            raise _Stop(JobOutcome(status="REJECTED", log=log, worker_usable=False,
+                                   message=f"left {len(leftovers)} process(es) running after its calls; they were killed"))
+
+    def reject_changed_inputs(self) -> None:
+        for arena_set, expected in zip(self.arena_sets, self.inputs.current):
+            changed = [name for name, tensor in arena_set.items() if not torch.equal(tensor, expected[name])]
+            if changed:
+                raise _Stop(self.rejected(f"the solution modified its inputs: {', '.join(changed)}"))
+
+    def check_outputs(self) -> Verdict:
+        compute_on = self.session.device
+        first = None
+        for check in self.checks:
+            verdict = compare_outputs(self.definition, check.outputs, check.expected, compute_on)
+            if not verdict.passed:
+                verdict.message = f"{check.label}: {verdict.message}"
+                return verdict
+            first = first or verdict
+        repeated = len(self.arena_sets)
+        again = compare_outputs(self.definition, self.checks[repeated].outputs, self.checks[0].outputs, compute_on)
+        if not again.passed:
+            return Verdict("REJECTED", f"outputs change between identical calls: {again.message}")
+        return first
+
+    def timing(self) -> dict:
+        """The ranked figures: the larger of the two clocks' medians, with that clock's spread. A
+        solution is never ranked faster than the judge measured it from outside; where the judge's
+        subtraction is noisier than the call, the worker's own per-call clock (which then reads more)
+        gives the figure."""
+        device_type = torch.device(self.session.device).type
+        judge = summarize(self.times.judge_ms)
+        worker = summarize(self.times.worker_ms)
+        problem = disagreement(worker["latency_ms"], judge["latency_ms"], device_type)
+        if problem:
+            raise _Stop(self.rejected(problem))
+        ranked, name = (worker, "worker") if worker["latency_ms"] >= judge["latency_ms"] else (judge, "judge")
+        return {**ranked, "clock": {
+            "ranked_clock": name, "judge_method": "wall clock per batch, less the harness's steps run by the judge",
+            "batches": len(self.times.judge_ms), "calls_per_batch": self.times.batch_sizes[0],
+            "checked_calls": len(self.checks) - len(self.arena_sets) - 1,
+        }, "clocks": {
+            "judge": {key: judge[key] for key in ("latency_ms", "p10_ms", "p90_ms", "ci_low_ms", "ci_high_ms", "samples")},
+            "worker": {key: worker[key] for key in ("latency_ms", "p10_ms", "p90_ms", "ci_low_ms", "ci_high_ms", "samples")},
+        }}
+
+    def rejected(self, message: str) -> JobOutcome:
+        return JobOutcome(status="REJECTED", message=message, log=self.worker.log_tail())
+
+    def outcome(self, verdict: Verdict, timing: dict | None = None) -> JobOutcome:
+        log = self.worker.log_tail() if not verdict.passed else ""
+        return JobOutcome(status=verdict.status, message=verdict.message, errors=verdict.errors, log=log, timing=timing)
+
+
+def _poison(tensor: torch.Tensor) -> None:
+    if is_float(str(tensor.dtype).removeprefix("torch.")):
+        tensor.fill_(float("nan"))
+    elif tensor.dtype == torch.bool:
+        tensor.fill_(True)
+    else:
+        tensor.fill_(torch.iinfo(tensor.dtype).min)
+
+
+def _synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,167 @@
+"""Starting a sandboxed worker, asking it things with a deadline, and ending it with everything it started."""
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import sandbox
+from .protocol import (BatchDone, Channel, ChannelClosed, ChannelTimeout, Failed, ProtocolError, Ready, Setup, Stop,
+                       parse_reply)
+
+LOG_TAIL_BYTES = 4000
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class WorkerGone(Exception):
+    """The worker timed out, died, or said something that is not a reply: it is ended."""
+
+    def __init__(self, status: str, message: str, log: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.log = log
+
+
+class WorkerProcess:
+    """One worker in its sandbox, for one solution on one device. A crash, hang or OOM ends only it."""
+
+    def __init__(self, process: subprocess.Popen, channel: Channel, exchange_dir: Path, log_path: Path, isolation: str):
+        self.process = process
+        self.channel = channel
+        self.exchange_dir = exchange_dir
+        self.log_path = log_path
+        self.isolation = isolation
+
+    @classmethod
+    def start(cls, setup: Setup, isolation: str, work_root: Path, memory_limit_bytes: int | None) -> "WorkerProcess":
+        """The worker may write only its exchange directory (the job's arena lives there) and the
+        solution's own build directory; its log is a file it holds open but cannot reach by name."""
+        work_root.mkdir(parents=True, exist_ok=True)
+        exchange = Path(tempfile.mkdtemp(prefix="worker-", dir=work_root))
+        log_path = exchange.with_suffix(".log")
+        build_dir = Path(setup.build_dir)
+        build_dir.mkdir(parents=True, exist_ok=True)
+        spec = sandbox.SandboxSpec(writable=(str(exchange), str(build_dir)), readable=(setup.folder,),
+                                   memory_limit_bytes=memory_limit_bytes)
+        to_worker, from_judge = _pipe()
+        to_judge, from_worker = _pipe()
+        command = sandbox.worker_command(isolation, spec, "flashbench.run.worker", [str(to_worker), str(from_worker)])
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                       pass_fds=(to_worker, from_worker), env=_environment(setup, build_dir),
+                                       start_new_session=True, preexec_fn=_dies_with_this_thread())
+        os.close(to_worker)
+        os.close(from_worker)
+        worker = cls(process, Channel(to_judge, from_judge), exchange, log_path, isolation)
+        worker.channel.send(setup)
+        return worker
+
+    def ask(self, request, timeout: float) -> Ready | Failed | BatchDone:
+        return self.timed_ask(request, timeout)[0]
+
+    def timed_ask(self, request, timeout: float) -> tuple[Ready | Failed | BatchDone, float]:
+        """The reply, and the judge's own time from sending the request to reading the reply (ms)."""
+        try:
+            start = time.perf_counter()
+            self.channel.send(request)
+            payload = self.channel.receive_json(timeout)
+            elapsed_ms = (time.perf_counter() - start) * 1e3
+            return parse_reply(payload), elapsed_ms
+        except ChannelTimeout:
+            raise self.end("TIMEOUT", f"no answer within {timeout:g} s") from None
+        except ChannelClosed:
+            try:
+                self.process.wait(timeout=5)  # its exit status says why
+            except subprocess.TimeoutExpired:
+                pass
+            raise self.end("CRASHED", describe_exit(self.process.poll())) from None
+        except ProtocolError as exc:
+            raise self.end("REJECTED", f"the worker's reply is malformed: {exc}") from None
+
+    def end(self, status: str, message: str) -> WorkerGone:
+        """Close the worker; the error that says why, with its log."""
+        log = self.log_tail()
+        self.close()
+        return WorkerGone(status, message, log)
+
+    def leftovers(self) -> list[int]:
+        """Processes the solution started that are still running."""
+        if self.process.poll() is not None:
+            return []
+        return sandbox.sandbox_processes(self.process.pid, self.isolation)
+
+    def log_tail(self) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(max(os.fstat(log.fileno()).st_size - LOG_TAIL_BYTES, 0))
+                return log.read(LOG_TAIL_BYTES).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        """Ends the worker and everything in its sandbox; removes its files. Safe to call twice."""
+        if self.process.poll() is None:
+            try:
+                self.channel.send(Stop())
+                self.process.wait(timeout=2)
+            except (ChannelClosed, subprocess.TimeoutExpired):
+                pass
+        sandbox.end_sandbox(self.process, self.isolation)
+        self.channel.close()
+        shutil.rmtree(self.exchange_dir, ignore_errors=True)
+        self.log_path.unlink(missing_ok=True)
+
+
+def _dies_with_this_thread():
+    """What the started process runs before exec: a SIGKILL for it when the thread starting it ends,
+    however the judge ends (killed outright included), kept across exec. At the namespaces level
+    the process is `unshare`, whose --kill-child passes that death on to the worker, and so to its
+    whole PID namespace. The function is resolved here, in the judge, before the fork."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
+    option, death_signal = ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL)
+
+    def set_death_signal() -> None:
+        prctl(option, death_signal)
+        if os.getppid() != parent:  # the judge died before the line above
+            os._exit(1)
+
+    return set_death_signal
+
+
+def _pipe() -> tuple[int, int]:
+    read_fd, write_fd = os.pipe()
+    return read_fd, write_fd
+
+
+def _environment(setup: Setup, build_dir: Path) -> dict[str, str]:
+    """Caches a solution's tools write (Triton, CUDA, nvcc, FlashInfer's JIT under ~/.cache) go to its
+    own build directory, the only lasting place it can write."""
+    extra = {
+        "HOME": str(build_dir / "home"), "TRITON_CACHE_DIR": str(build_dir / "triton"),
+        "CUDA_CACHE_PATH": str(build_dir / "nv"), "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    if setup.device == "cpu":
+        extra["TRITON_INTERPRET"] = "1"  # Triton kernels run on the CPU under the interpreter
+    return sandbox.worker_environment(extra)
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "the worker stopped answering"
+    if code < 0:
+        try:
+            return f"the worker was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"the worker was killed by signal {-code}"
+    return f"the worker exited with code {code}"

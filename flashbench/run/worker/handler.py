@@ -1,0 +1,179 @@
+"""What a worker does with each request: probe the device, build the solution, open a job's
+arena, run batches of calls."""
+
+import traceback
+from pathlib import Path
+
+import torch
+
+from ...build import BuildError, load_entry_point
+from ...dtypes import torch_dtype
+from ...workloads import random_inputs
+from ..arena import export_cuda, open_file_arena, views
+from ..protocol import Batch, BatchDone, Build, Close, Failed, Open, Opened, Probe, Ready, Setup
+from ..recipe import CallClock, InputSets, L2Flush, run_batch
+
+
+class OutputProblem(Exception):
+    """What the solution returned cannot be an output; carries the status it earns."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class Worker:
+    def __init__(self, setup: Setup):
+        self.setup = setup
+        self.definition = setup.definition
+        self.device = setup.device
+        self.entry = None
+        self.job: Job | None = None
+
+    def handle(self, request):
+        try:
+            if isinstance(request, Probe):
+                return self.probe()
+            if isinstance(request, Build):
+                return self.build()
+            if isinstance(request, Open):
+                self.job = Job(self, request)
+                return self.job.opened
+            if isinstance(request, Batch):
+                return self.job.batch(request)
+            if isinstance(request, Close):
+                self.job = None
+                return Ready()
+        except OutputProblem as exc:
+            return Failed(status=exc.status, message=str(exc)[:2000])
+        except SystemExit as exc:  # sys.exit() in solution code: an error, not the end of the worker
+            return Failed(status="RUNTIME_ERROR", message=f"the solution called sys.exit({exc.code!r})")
+        except Exception as exc:
+            print(traceback.format_exc(), flush=True)
+            return Failed(status="RUNTIME_ERROR", message=f"{type(exc).__name__}: {exc}"[:2000])
+        return Failed(status="RUNTIME_ERROR", message=f"unexpected request {type(request).__name__}")
+
+    def probe(self):
+        try:
+            value = (torch.arange(4, device=self.device) * 2).sum().item()
+        except Exception as exc:
+            return Failed(status="DEVICE_ERROR", message=f"{type(exc).__name__}: {exc}"[:500])
+        if value != 12:
+            return Failed(status="DEVICE_ERROR", message=f"0+2+4+6 gave {value}")
+        return Ready()
+
+    def build(self):
+        solution = self.setup.solution
+        try:
+            self.entry = load_entry_point(Path(self.setup.folder), solution, Path(self.setup.build_dir))
+        except BuildError as exc:
+            print(traceback.format_exc(), flush=True)
+            status = "COMPILE_ERROR" if solution.language == "cuda" else "INVALID_SOLUTION"
+            return Failed(status=status, message=str(exc)[:2000])
+        return Ready()
+
+
+class Job:
+    """One workload's arena: input sets and output slots, viewed as tensors."""
+
+    def __init__(self, worker: Worker, request: Open):
+        self.worker = worker
+        self.definition = worker.definition
+        self.device = worker.device
+        if request.arena is None:  # a GPU: the arena is this process's memory, the judge maps it
+            memory = torch.empty(max(request.layout.nbytes, 1), dtype=torch.uint8, device=self.device)
+            self.opened = Opened(arena=export_cuda(memory))
+        else:
+            memory = open_file_arena(request.arena, request.layout.nbytes)
+            self.opened = Ready()
+        self.memory = memory
+        self.scalars = request.layout.scalars
+        sets = [views(memory, slots) for slots in request.layout.sets]
+        self.slots = [views(memory, slots) for slots in request.layout.slots]
+        self.inputs = InputSets(self.definition, request.workload, sets, random_inputs(self.definition, request.workload))
+        self.flush = L2Flush(request.flush, self.device)
+        self.returned: dict | None = None
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+
+    def batch(self, request: Batch):
+        clock = CallClock(self.device, len(request.calls))
+        invoke = self.replay if request.graph else self.call
+        run_batch(request, self.inputs, self.flush, invoke, self.store, clock)
+        return BatchDone(event_ms=clock.times_ms())
+
+    def arguments(self, call) -> list:
+        tensors = self.inputs.sets[call.set]
+        return [tensors[name] if name in tensors else self.scalars[name] for name in self.definition.inputs]
+
+    def call(self, call) -> None:
+        arguments = self.arguments(call)
+        if self.worker.setup.solution.destination_passing_style:
+            self.worker.entry(*arguments, *self.slots[call.slot].values())
+            self.returned = None
+        else:
+            self.returned = self.worker.entry(*arguments)
+
+    def store(self, call) -> None:
+        """Returned outputs go into the call's slot, where the judge reads them."""
+        if self.returned is None:
+            return
+        returned, self.returned = self.returned, None
+        outputs = returned if isinstance(returned, (tuple, list)) else (returned,)
+        names = list(self.definition.outputs)
+        if len(outputs) != len(names):
+            raise OutputProblem("INCORRECT_SHAPE", f"returned {len(outputs)} values; the definition has {len(names)} outputs")
+        for name, value in zip(names, outputs):
+            self.check_output(name, value, self.slots[call.slot][name], self.inputs.sets[call.set])
+            self.slots[call.slot][name].copy_(value)
+
+    def check_output(self, name: str, value, slot: torch.Tensor, inputs: dict) -> None:
+        if not isinstance(value, torch.Tensor):
+            raise OutputProblem("INCORRECT_DTYPE", f"output {name} is not a torch.Tensor but {type(value).__qualname__}")
+        if type(value) is not torch.Tensor:  # a subclass could compute, or change, on inspection
+            raise OutputProblem("REJECTED", f"output {name} is a torch.Tensor subclass {type(value).__qualname__}; "
+                                            "outputs must be plain tensors")
+        aliased = _aliased_input(value, inputs)
+        if aliased:
+            raise OutputProblem("REJECTED", f"output {name} is a view of input {aliased}")
+        if value.device.type != slot.device.type:
+            raise OutputProblem("RUNTIME_ERROR", f"output {name} is on {value.device.type}, expected {slot.device.type}")
+        if list(value.shape) != list(slot.shape):
+            raise OutputProblem("INCORRECT_SHAPE", f"output {name} has shape {list(value.shape)}, expected {list(slot.shape)}")
+        if value.dtype != torch_dtype(self.definition.outputs[name].dtype):
+            raise OutputProblem("INCORRECT_DTYPE", f"output {name} is {str(value.dtype).removeprefix('torch.')}, "
+                                                   f"expected {self.definition.outputs[name].dtype}")
+
+    def replay(self, call) -> None:
+        """Graph timing: the call captured once per input set (into the set's slot), then replayed."""
+        graph = self.graphs.get(call.set)
+        if graph is None:
+            graph = self.graphs[call.set] = self.capture(call)
+        graph.replay()
+
+    def capture(self, call) -> torch.cuda.CUDAGraph:
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self.call(call)  # a warm-up outside the capture: lazy initialisation must not be captured
+            self.store(call)
+            try:
+                with torch.cuda.graph(graph, stream=stream):
+                    self.call(call)
+                    self.store(call)
+            except RuntimeError as exc:
+                raise RuntimeError(f"the call cannot be captured in a CUDA graph, which --timing graph needs "
+                                   f"(time it with --timing events): {exc}") from exc
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        return graph
+
+
+def _aliased_input(value: torch.Tensor, inputs: dict) -> str | None:
+    """The input whose bytes `value` shares, if any (inputs are views of one arena, so their
+    storages are one: compare byte ranges)."""
+    start, end = value.data_ptr(), value.data_ptr() + value.numel() * value.element_size()
+    for name, tensor in inputs.items():
+        begin = tensor.data_ptr()
+        if value.device == tensor.device and start < begin + tensor.numel() * tensor.element_size() and begin < end:
+            return name
+    return None

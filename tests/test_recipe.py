@@ -1,0 +1,76 @@
+"""The steps of a batch: the L2 flush methods and the batch loop, run on the CPU with small buffers."""
+
+import pytest
+import torch
+
+from flashbench.run.protocol import Batch, Call
+from flashbench.run.recipe import FLUSH_METHODS, CallClock, InputSets, L2Flush, flush_label, run_batch
+from flashbench.workloads import random_inputs
+
+
+@pytest.mark.parametrize("method", list(FLUSH_METHODS))
+def test_every_flush_method_runs_and_writes_only_its_own_buffers(method):
+    flush = L2Flush(method, "cpu", nbytes=4096)
+    flush()
+    flush()
+    assert method in flush_label(method) or method == "none"
+
+
+def test_an_unknown_flush_is_refused():
+    with pytest.raises(ValueError, match="no L2 flush method"):
+        L2Flush("flood", "cpu")
+
+
+class RecordingInputs:
+    def __init__(self):
+        self.drawn, self.redrawn = [], []
+
+    def draw(self, seed, calls):
+        self.drawn.append((seed, calls))
+
+    def redraw(self, index, seed, k):
+        self.redrawn.append((index, seed, k))
+
+
+def test_a_batch_draws_once_then_redraws_flushes_and_times_each_call():
+    steps, inputs = [], RecordingInputs()
+    calls = [Call(set=0, slot=0, seed=11), Call(set=1, slot=1), Call(set=0, slot=2, seed=12)]
+    clock = CallClock("cpu", len(calls))
+    run_batch(Batch(calls=calls, fresh_seed=5), inputs, lambda: steps.append("flush"),
+              lambda call: steps.append(f"call {call.slot}"), lambda call: steps.append(f"store {call.slot}"), clock)
+    assert inputs.drawn == [(5, 3)]
+    assert inputs.redrawn == [(0, 11, 0), (0, 12, 2)]
+    assert steps == ["flush", "call 0", "store 0", "flush", "call 1", "store 1", "flush", "call 2", "store 2"]
+    assert len(clock.times_ms()) == 3 and all(t >= 0 for t in clock.times_ms())
+
+
+def test_a_redrawn_window_is_the_same_on_both_sides_and_changes_the_set(decode_inputs):
+    """The worker and the judge's replay write the same data for the same seeds, and a call changes
+    its set (however large the input, a window of it)."""
+    definition, workload, made = decode_inputs
+    names = random_inputs(definition, workload)
+    worker = InputSets(definition, workload, [{k: v.clone() for k, v in made.items()}], names)
+    judge = InputSets(definition, workload, [{k: v.clone() for k, v in made.items()}], names)
+    for sets in (worker, judge):
+        sets.draw(seed=123, calls=2)
+        sets.redraw(0, seed=456, k=1)
+    for name in names:
+        assert torch.equal(worker.sets[0][name], judge.sets[0][name])
+        assert not torch.equal(worker.sets[0][name], made[name])
+    worker.draw(seed=124, calls=2)
+    worker.redraw(0, seed=456, k=1)
+    assert any(not torch.equal(worker.sets[0][n], judge.sets[0][n]) for n in names)
+
+
+@pytest.fixture
+def decode_inputs():
+    from pathlib import Path
+
+    from flashbench import Repo, generate_inputs
+    root = Path(__file__).resolve().parents[1]
+    repo = Repo(root)
+    name = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+    definition = repo.definition(name)
+    workload = next(w for w in repo.workload_set(name).workloads if w.name == "smoke_mixed")
+    made = generate_inputs(definition, workload, 7, "cpu", repo.definition_path(name).parent)
+    return definition, workload, {k: v for k, v in made.items() if isinstance(v, torch.Tensor)}

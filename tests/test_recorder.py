@@ -1,0 +1,50 @@
+"""The trace recorder: the only writer of traces; changes by anyone else are undone and reported."""
+
+from flashbench.run.recorder import TRACE_FILE_CHANGED, UNTRUSTED_SUFFIX, TraceRecorder
+from flashbench.traces import read_traces
+
+from trace_factory import make_trace
+
+
+def recorder_in(tmp_path) -> TraceRecorder:
+    recorder = TraceRecorder(tmp_path / "traces" / "cpu_x86_64" / "op.jsonl", tmp_path / "traces", save=True)
+    recorder.open()
+    return recorder
+
+
+def test_records_append_in_order(tmp_path):
+    recorder = recorder_in(tmp_path)
+    for name in ("a", "b"):
+        trace, tampered = recorder.record(make_trace(name, "w1"))
+        assert not tampered and trace.status == "PASSED"
+    assert [t.solution for t in read_traces(recorder.trace_file)] == ["a", "b"]
+
+
+def test_a_trace_file_changed_by_someone_else_is_restored_and_the_trace_rejected(tmp_path):
+    recorder = recorder_in(tmp_path)
+    recorder.record(make_trace("honest", "w1"))
+    with open(recorder.trace_file, "a") as handle:
+        handle.write(make_trace("forged", "w1").model_dump_json() + "\n")
+    trace, tampered = recorder.record(make_trace("next", "w1"))
+    assert tampered and trace.status == "REJECTED" and trace.message == TRACE_FILE_CHANGED
+    assert [t.solution for t in read_traces(recorder.trace_file)] == ["honest", "next"]
+
+
+def test_files_appearing_in_the_trace_directory_are_set_aside(tmp_path, capsys):
+    recorder = recorder_in(tmp_path)
+    forged = tmp_path / "traces" / "nvidia_h200" / "op.graph.jsonl"
+    forged.parent.mkdir(parents=True)
+    forged.write_text(make_trace("forged", "w1").model_dump_json() + "\n")
+    recorder.record(make_trace("honest", "w1"))
+    assert not forged.exists()
+    assert [p.name.endswith(UNTRUSTED_SUFFIX) for p in recorder.untrusted] == [True]
+    assert "without flashbench writing it" in capsys.readouterr().err
+
+
+def test_files_there_before_the_run_are_left_alone(tmp_path):
+    earlier = tmp_path / "traces" / "nvidia_h200" / "op.jsonl"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("")
+    recorder = recorder_in(tmp_path)
+    recorder.record(make_trace("honest", "w1"))
+    assert earlier.exists() and not recorder.untrusted

@@ -1,0 +1,427 @@
+"""The worker's sandbox (run/sandbox.py). Each test starts a small probe module through
+`worker_command`, as the runner starts its workers, and looks at what the probe could do from the
+inside and at what is left on the host afterwards. Tests of the namespaces level skip where
+`unshare` does not work."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from flashbench.run import sandbox
+
+PROBE = textwrap.dedent(r'''
+    """Runs one check (argv[1]) inside the sandbox and prints what it found as JSON; "wait" checks
+    print "ready" first and stay until their stdin closes."""
+    import ctypes, errno, json, os, resource, socket, subprocess, sys, time
+
+    MARKER = "flashbench-sandbox-test"
+    libc = ctypes.CDLL(None, use_errno=True)
+
+
+    def outcome(action):
+        """"ok", or the errno name of the OSError it raised."""
+        try:
+            action()
+        except OSError as exc:
+            return errno.errorcode.get(exc.errno, str(exc.errno))
+        return "ok"
+
+
+    def libc_outcome(call, *args):
+        return "ok" if call(*args) == 0 else errno.errorcode[ctypes.get_errno()]
+
+
+    def write(path, data=b"x"):
+        with open(path, "wb") as handle:
+            handle.write(data)
+
+
+    def mount_attempts():
+        """Remounting the root writable, unmounting the private /tmp or what keeps sysctls read-only, then
+        writing a sysctl."""
+        return {"remount": libc_outcome(libc.mount, None, b"/", None, ctypes.c_ulong(0x1000 | 0x20), None),
+                "umount": libc_outcome(libc.umount2, b"/tmp", 2),
+                "umount_sys": libc_outcome(libc.umount2, b"/proc/sys", 2),
+                "sysctl": outcome(lambda: os.close(os.open("/proc/sys/kernel/core_pattern", os.O_WRONLY)))}
+
+
+    def mount_attempts_in_new_namespaces():
+        """The same from new user and mount namespaces of its own (made in a child: they are for good)."""
+        read, write_end = os.pipe()
+        if os.fork() == 0:
+            os.close(read)
+            unshared = libc_outcome(libc.unshare, 0x10000000 | 0x00020000)  # CLONE_NEWUSER | CLONE_NEWNS
+            os.write(write_end, json.dumps({"unshare": unshared, **mount_attempts()}).encode())
+            os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read) as pipe:
+            found = json.loads(pipe.read())
+        os.wait()
+        return found
+
+
+    def files(host_dir, readable_dir, writable_dir, root_file):
+        return {
+            "host_dir": outcome(lambda: write(os.path.join(host_dir, "forged"))),
+            "root": outcome(lambda: write(root_file)),
+            "readable_seen": os.path.exists(os.path.join(readable_dir, "input")),
+            "readable": outcome(lambda: write(os.path.join(readable_dir, "forged"))),
+            "writable": outcome(lambda: write(os.path.join(writable_dir, "output"))),
+            "sysctl": outcome(lambda: os.close(os.open("/proc/sys/kernel/core_pattern", os.O_WRONLY))),
+            "dev_null": outcome(lambda: write("/dev/null")),
+            "direct": mount_attempts(),
+            "nested": mount_attempts_in_new_namespaces(),
+        }
+
+
+    def pids():
+        return {"pid": os.getpid(), "ppid": os.getppid(),
+                "proc": sorted(int(name) for name in os.listdir("/proc") if name.isdigit())}
+
+
+    def mount_type(path):
+        with open("/proc/self/mountinfo") as mountinfo:
+            types = [line.split(" - ")[1].split()[0] for line in mountinfo if line.split()[4] == path]
+        return types[-1]
+
+
+    def tmp(host_file, host_shm_file, leftover):
+        found = {"host_file": os.path.exists(host_file), "host_shm_file": os.path.exists(host_shm_file),
+                 "tmp_type": mount_type("/tmp"), "shm_type": mount_type("/dev/shm"), "pts": os.listdir("/dev/pts"),
+                 "leftover_before": os.path.exists(leftover), "tmpdir": os.environ.get("TMPDIR")}
+        write(leftover)
+        return found
+
+
+    def limits(writable_dir, size):
+        return {"sid": os.getsid(0) == os.getpid(), "core": resource.getrlimit(resource.RLIMIT_CORE),
+                "fsize": resource.getrlimit(resource.RLIMIT_FSIZE), "as": resource.getrlimit(resource.RLIMIT_AS),
+                "tmpdir": os.environ.get("TMPDIR"),
+                "big_write": outcome(lambda: write(os.path.join(writable_dir, "big"), b"x" * (int(size) + 1)))}
+
+
+    def connect(port):
+        return {"connect": outcome(lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=5).close())}
+
+
+    def environment():
+        return dict(os.environ)
+
+
+    def child(tag):
+        """A child that outlives this check, in the same session and process group; running its own
+        program (not a fork of this one still) before "ready"."""
+        started = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)",
+                                    f"{MARKER}-{tag}"], stdout=subprocess.PIPE)
+        started.stdout.readline()
+
+
+    DAEMON = """
+    import os, sys, time
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    open(sys.argv[1] + ".tmp", "w").close()
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(60)
+    """
+
+
+    def daemon(tag, ready_file):
+        """A double-forked setsid daemon, started and detached before "ready"."""
+        subprocess.run([sys.executable, "-c", DAEMON, ready_file, f"{MARKER}-{tag}"], check=True)
+        deadline = time.monotonic() + 30  # the test fails, rather than hangs, if the daemon cannot say it started
+        while not os.path.exists(ready_file) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+    if __name__ == "__main__":
+        name, args = sys.argv[1], sys.argv[2:]
+        if name in ("child", "daemon"):
+            globals()[name](*args)
+            print("ready", flush=True)
+            sys.stdin.read()
+        else:
+            print(json.dumps(globals()[name](*args)))
+''')
+
+LIFETIME_S = 60  # what the probe's children sleep: a sandbox that fails to end them leaves them no longer
+
+
+@pytest.fixture(scope="module")
+def probe_dir(tmp_path_factory) -> Path:
+    """The probe module's folder. It lies under /tmp, which the namespaces level covers with a fresh
+    tmpfs: the probe imports only because folders on the import path are bound back."""
+    folder = tmp_path_factory.mktemp("probe")
+    (folder / "sandbox_probe.py").write_text(PROBE)
+    return folder
+
+
+@pytest.fixture(params=sandbox.ISOLATION_LEVELS)
+def isolation(request) -> str:
+    if request.param == "namespaces":
+        require_namespaces()
+    return request.param
+
+
+@pytest.fixture
+def namespaces() -> str:
+    require_namespaces()
+    return "namespaces"
+
+
+def require_namespaces() -> None:
+    if sandbox.available_isolation() != "namespaces":
+        pytest.skip("the namespaces level is not available here (unshare failed, or FLASHBENCH_ISOLATION=process)")
+
+
+@pytest.fixture
+def stray():
+    """Unique host paths (in / or /tmp) that only a broken sandbox would create; removed after the test."""
+    paths = []
+
+    def make(folder: str) -> Path:
+        paths.append(Path(folder) / f"flashbench-sandbox-test-{uuid.uuid4().hex}")
+        return paths[-1]
+
+    yield make
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def host_dir():
+    """A folder of the host outside /tmp and /dev/shm, which the sandbox shows read-only."""
+    if not os.path.isdir("/var/tmp"):
+        pytest.skip("no /var/tmp for a folder outside /tmp")
+    folder = Path(tempfile.mkdtemp(prefix="flashbench-sandbox-test-", dir="/var/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def command(isolation: str, spec: sandbox.SandboxSpec, check: str, *args) -> list[str]:
+    return sandbox.worker_command(isolation, spec, "sandbox_probe", [check, *map(str, args)])
+
+
+def environment(probe_dir: Path) -> dict[str, str]:
+    return sandbox.worker_environment({"PYTHONPATH": str(probe_dir)})
+
+
+def run_probe(probe_dir: Path, isolation: str, spec: sandbox.SandboxSpec, check: str, *args) -> dict:
+    """Runs a check to its end (started as a child of this process: not a session leader)."""
+    done = subprocess.run(command(isolation, spec, check, *args), env=environment(probe_dir), capture_output=True,
+                          text=True, timeout=LIFETIME_S, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def start_probe(probe_dir: Path, isolation: str, spec: sandbox.SandboxSpec, check: str, *args) -> subprocess.Popen:
+    """A probe that stays, once it says "ready", until its stdin closes or end_sandbox ends it."""
+    process = subprocess.Popen(command(isolation, spec, check, *args), env=environment(probe_dir), text=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    assert process.stdout.readline().strip() == "ready"
+    return process
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan waits, briefly, for its new parent to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# The namespaces level.
+
+def test_only_the_writable_folders_can_be_written_and_mounts_are_locked(probe_dir, namespaces, host_dir, tmp_path,
+                                                                         stray):
+    readable, writable = tmp_path / "readable", host_dir / "writable"
+    readable.mkdir()
+    (readable / "input").write_text("for the worker")
+    writable.mkdir()
+    spec = sandbox.SandboxSpec(writable=(str(writable),), readable=(str(readable),))
+
+    root_file = stray("/")
+    found = run_probe(probe_dir, namespaces, spec, "files", host_dir, readable, writable, root_file)
+
+    assert (found["host_dir"], found["root"], found["readable"]) == ("EROFS", "EROFS", "EROFS")
+    assert found["readable_seen"]
+    assert found["writable"] == "ok" and (writable / "output").exists()
+    assert found["sysctl"] == "EROFS"  # root mapped to root could otherwise write the host's sysctls
+    assert found["dev_null"] == "ok"
+    assert found["direct"] == {"remount": "EPERM", "umount": "EPERM", "umount_sys": "EPERM", "sysctl": "EROFS"}
+    nested = found["nested"]
+    assert nested["unshare"] == "ok"  # it may make namespaces of its own, but what it got stays locked
+    assert (nested["remount"], nested["sysctl"]) == ("EPERM", "EROFS")
+    assert nested["umount"] != "ok" and nested["umount_sys"] != "ok"
+    assert sorted(os.listdir(host_dir)) == ["writable"] and sorted(os.listdir(readable)) == ["input"]
+    assert not root_file.exists()
+
+
+def test_the_runner_is_not_in_the_sandbox_proc(probe_dir, namespaces):
+    found = run_probe(probe_dir, namespaces, sandbox.SandboxSpec(), "pids")
+
+    assert (found["pid"], found["ppid"], found["proc"]) == (1, 0, [1])
+
+
+def test_a_detached_daemon_dies_with_the_sandbox(probe_dir, namespaces, tmp_path):
+    tag = uuid.uuid4().hex
+    spec = sandbox.SandboxSpec(writable=(str(tmp_path),))
+    process = start_probe(probe_dir, namespaces, spec, "daemon", tag, tmp_path / "daemon-ready")
+    try:
+        inside = sandbox.sandbox_processes(process.pid, namespaces)
+        daemons = [pid for pid in inside if tag in command_line(pid)]
+        assert len(daemons) == 1 and os.getsid(daemons[0]) != os.getsid(process.pid)
+        assert sandbox.worker_pid(process.pid, namespaces) not in inside
+    finally:
+        sandbox.end_sandbox(process, namespaces)
+
+    assert not any(running(pid) for pid in inside)
+    assert process.returncode is not None
+
+
+def test_tmp_and_shm_are_private_and_vanish_with_the_sandbox(probe_dir, namespaces, tmp_path, stray):
+    host_file = tmp_path / "runner-file"
+    host_file.write_text("the runner's")
+    host_shm_file = stray("/dev/shm")
+    host_shm_file.write_text("the runner's")
+    leftover = stray("/tmp")
+    first = run_probe(probe_dir, namespaces, sandbox.SandboxSpec(), "tmp", host_file, host_shm_file, leftover)
+    second = run_probe(probe_dir, namespaces, sandbox.SandboxSpec(), "tmp", host_file, host_shm_file, leftover)
+
+    assert (first["host_file"], first["host_shm_file"]) == (False, False)
+    assert (first["tmp_type"], first["shm_type"], first["pts"], first["tmpdir"]) == ("tmpfs", "tmpfs", [], "/tmp")
+    assert not leftover.exists() and not second["leftover_before"]
+
+
+def test_a_folder_that_cannot_be_bound_fails_the_start_with_one_line(probe_dir, namespaces, tmp_path):
+    spec = sandbox.SandboxSpec(writable=(str(tmp_path / "missing"),))
+    done = subprocess.run(command(namespaces, spec, "pids"), env=environment(probe_dir), capture_output=True,
+                          text=True, timeout=LIFETIME_S)
+
+    assert done.returncode != 0
+    assert done.stderr.strip() == f"sandbox: cannot open {tmp_path / 'missing'}: No such file or directory"
+
+
+def test_the_remount_fallback_makes_the_same_tree(probe_dir, namespaces, host_dir, tmp_path, stray):
+    """Kernels before 5.12 lack mount_setattr: each mount point is then remounted read-only."""
+    readable, writable = tmp_path / "readable", host_dir / "writable"
+    readable.mkdir()
+    writable.mkdir()
+    spec = sandbox.SandboxSpec(writable=(str(writable),), readable=(str(readable),))
+    boot = textwrap.dedent("""
+        import importlib.util, json, sys
+        spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
+        sandbox = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sandbox)
+        sandbox._mount_setattr = lambda *args, **kwargs: False
+        sandbox.enter(sandbox.SandboxSpec.from_json(sys.argv[2]), "namespaces")
+        import sandbox_probe
+        print(json.dumps(sandbox_probe.files(*sys.argv[3:])))
+    """)
+    argv = [*sandbox.UNSHARE, "--", sys.executable, "-c", boot, sandbox.__file__, spec.to_json(),
+            str(host_dir), str(readable), str(writable), str(stray("/"))]
+    done = subprocess.run(argv, env=environment(probe_dir), capture_output=True, text=True, timeout=LIFETIME_S)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+
+    assert (found["host_dir"], found["root"], found["readable"], found["sysctl"]) == ("EROFS",) * 4
+    assert (found["writable"], found["dev_null"]) == ("ok", "ok")
+    assert found["direct"] == {"remount": "EPERM", "umount": "EPERM", "umount_sys": "EPERM", "sysctl": "EROFS"}
+
+
+# Both levels.
+
+def test_a_child_left_running_is_listed_and_ended(probe_dir, isolation):
+    tag = uuid.uuid4().hex
+    process = start_probe(probe_dir, isolation, sandbox.SandboxSpec(), "child", tag)
+    try:
+        inside = sandbox.sandbox_processes(process.pid, isolation)
+        worker = sandbox.worker_pid(process.pid, isolation)
+        assert [tag in command_line(pid) for pid in inside] == [True]
+        assert worker is not None and worker not in inside
+    finally:
+        sandbox.end_sandbox(process, isolation)
+
+    assert not running(inside[0]) and not running(worker)
+    assert sandbox.sandbox_processes(process.pid, isolation) == []
+    sandbox.end_sandbox(process, isolation)  # twice is fine
+
+
+def test_limits_and_session(probe_dir, isolation, tmp_path):
+    spec = sandbox.SandboxSpec(writable=(str(tmp_path),), file_size_limit_bytes=4096, memory_limit_bytes=8 << 30)
+    found = run_probe(probe_dir, isolation, spec, "limits", tmp_path, 4096)
+
+    assert found["sid"]
+    assert (found["core"], found["fsize"], found["as"]) == ([0, 0], [4096, 4096], [8 << 30, 8 << 30])
+    assert found["big_write"] == "EFBIG"
+    assert found["tmpdir"] == ("/tmp" if isolation == "namespaces" else str(tmp_path / "tmp"))
+
+
+def test_the_network_is_out_of_reach_only_in_namespaces(probe_dir, isolation):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        found = run_probe(probe_dir, isolation, sandbox.SandboxSpec(), "connect", listener.getsockname()[1])
+
+    assert (found["connect"] == "ok") == (isolation == "process")
+
+
+def test_the_worker_gets_an_allow_listed_environment(probe_dir, isolation, monkeypatch):
+    monkeypatch.setenv("FLASHBENCH_SECRET_TEST", "secret")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/runner/cache")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/runner/triton")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    found = run_probe(probe_dir, isolation, sandbox.SandboxSpec(), "environment")
+
+    assert "FLASHBENCH_SECRET_TEST" not in found and "XDG_CACHE_HOME" not in found
+    assert "TRITON_CACHE_DIR" not in found and "HOME" not in found
+    assert found["CUDA_VISIBLE_DEVICES"] == "1" and found["PATH"] == os.environ["PATH"]
+    assert found["PYTHONPATH"] == str(probe_dir)  # the extra on top
+
+
+# Choosing and describing.
+
+def test_the_isolation_variable_forces_the_process_level(monkeypatch):
+    monkeypatch.setenv(sandbox.ISOLATION_VARIABLE, "process")
+    assert sandbox.available_isolation() == "process"
+    monkeypatch.setenv(sandbox.ISOLATION_VARIABLE, "chroot")
+    with pytest.raises(ValueError, match="FLASHBENCH_ISOLATION='chroot' is not one of namespaces, process"):
+        sandbox.available_isolation()
+
+
+def test_namespaces_asked_for_where_unshare_fails(monkeypatch):
+    monkeypatch.setattr(sandbox, "_namespaces_problem", lambda: "unshare failed: Operation not permitted")
+    monkeypatch.delenv(sandbox.ISOLATION_VARIABLE, raising=False)
+    assert sandbox.available_isolation() == "process"
+    monkeypatch.setenv(sandbox.ISOLATION_VARIABLE, "namespaces")
+    with pytest.raises(sandbox.SandboxError, match="namespaces, but unshare failed: Operation not permitted"):
+        sandbox.available_isolation()
+
+
+def test_the_spec_crosses_the_command_line_unchanged():
+    spec = sandbox.SandboxSpec(writable=("/a", "/b"), readable=("/c",), memory_limit_bytes=1 << 33, tmpfs_bytes=1 << 20)
+    assert sandbox.SandboxSpec.from_json(spec.to_json()) == spec
+    command = sandbox.worker_command("namespaces", spec, "flashbench.run.worker", ["3", "4"])
+    assert command[:command.index("--")] == sandbox.UNSHARE
+    assert command[-4:] == ["namespaces", "flashbench.run.worker", "3", "4"]
+    with pytest.raises(ValueError, match="unknown isolation level 'chroot'"):
+        sandbox.worker_command("chroot", spec, "flashbench.run.worker", [])

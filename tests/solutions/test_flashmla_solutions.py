@@ -30,6 +30,7 @@ DEFINITIONS = {
     "mha_varlen_prefill_causal_h128_dqk128_dv128": {"triton_fa2", "torch_vectorized"},
     "mha_varlen_prefill_causal_h128_dqk192_dv128": {"triton_fa2", "torch_vectorized"},
 }
+PEER_BASELINES = {"flashmla", "flashinfer_fa3"}
 
 
 @pytest.mark.parametrize("definition", list(DEFINITIONS))
@@ -38,8 +39,10 @@ def test_solutions_pass_smoke_workloads(definition, tmp_path):
     options = RunOptions(device="cpu", iters=1, warmup=0, input_sets=1, timeout=120, trace_dir=tmp_path,
                          cache_dir=tmp_path, save=False)
     runner = Runner(repo, definition, options)
-    # CUDA solutions need a GPU; tests/solutions/test_cuda_solutions.py compiles them.
-    folders = [f for f in select_solutions(repo, definition, []) if f.solution.language != "cuda"]
+    # CUDA solutions need a GPU; tests/solutions/test_cuda_solutions.py compiles them. The peer
+    # libraries' wrappers (FlashMLA, FlashInfer) run on a GPU only: tests/solutions/test_peer_baselines.py.
+    folders = [f for f in select_solutions(repo, definition, [])
+               if f.solution.language != "cuda" and f.solution.name not in PEER_BASELINES]
     assert {f.solution.name for f in folders} == DEFINITIONS[definition]
     workloads = select_workloads(repo, definition, [], "cpu")
     assert workloads and all("smoke" in w.tags for w in workloads)

@@ -1,6 +1,7 @@
-"""Shared fixtures: a throw-away copy of the repository's definitions and references, and one
-reference-output cache for the whole session, so tests never write into the repository's
-traces/ or .flashbench-cache."""
+"""Shared fixtures: throw-away copies of the repository's definitions and references, and one
+build cache for the whole session, so tests never write into the repository's traces/ or
+.flashbench-cache. (Reference outputs are no longer cached on disk: nothing needs a private
+XDG_CACHE_HOME.)"""
 
 import shutil
 from pathlib import Path
@@ -42,11 +43,3 @@ def module_repo(tmp_path_factory) -> Path:
     """Like fresh_repo, shared by the tests of one module."""
     return copy_repo(tmp_path_factory.mktemp("repo"))
 
-
-@pytest.fixture(autouse=True, scope="session")
-def private_reference_cache(tmp_path_factory):
-    """Reference outputs default to ~/.cache/flashbench: keep the tests' own out of the home folder."""
-    patcher = pytest.MonkeyPatch()
-    patcher.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
-    yield
-    patcher.undo()

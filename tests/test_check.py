@@ -1,5 +1,8 @@
-"""Correctness checks (flashbench/run/check.py): infinities, NaN, tolerance edges, mismatch fraction,
-and the order of shape / dtype / device / value checks in compare_outputs."""
+"""Correctness checks (flashbench/run/judge/check.py): infinities, NaN, tolerance edges, mismatch
+fraction, and compare_outputs on the tensors the judge read back from a call's output slot. The
+checks of what a solution returned (not a tensor, a subclass, a view of an input, device, shape,
+dtype, in that order) happen in the worker before it copies the outputs into their slot
+(flashbench/run/worker/handler.py): they are tested here too, on the worker's own code."""
 
 import math
 
@@ -8,8 +11,10 @@ import torch
 
 from flashbench import Repo
 from flashbench.model.definition import Tolerance
-from flashbench.run import check
-from flashbench.run.check import compare_outputs, output_error
+from flashbench.run.judge import check
+from flashbench.run.judge.check import compare_outputs, output_error
+from flashbench.run.protocol import Call
+from flashbench.run.worker import handler
 
 INF = math.inf
 NAN = math.nan
@@ -166,60 +171,115 @@ def expected():
     return {"output": output, "lse": lse}
 
 
-def host(tensors: dict, device: str = "cpu") -> dict:
-    return {name: {"tensor": t.clone(), "device": device} for name, t in tensors.items()}
+def copy(tensors: dict) -> dict:
+    """What the judge reads back from a slot: tensors of the declared shapes and dtypes."""
+    return {name: t.clone() for name, t in tensors.items()}
 
 
 def test_compare_outputs_passes_identical_outputs_with_empty_requests(definition, expected):
-    verdict = compare_outputs(definition, host(expected), expected, "cpu")
-    assert verdict.passed, verdict.message
+    verdict = compare_outputs(definition, copy(expected), expected, "cpu")
+    assert verdict.passed and verdict.status == "PASSED" and verdict.message == ""
     assert set(verdict.errors) == {"output", "lse"}
     assert verdict.errors["lse"].max_abs_error == 0.0
 
 
-def test_compare_outputs_shape(definition, expected):
-    got = host(expected)
-    got["output"]["tensor"] = got["output"]["tensor"][None]
-    verdict = compare_outputs(definition, got, expected, "cpu")
-    assert verdict.status == "INCORRECT_SHAPE" and "[1, 3, 16, 512]" in verdict.message
-
-
-def test_compare_outputs_missing_output(definition, expected):
-    got = host(expected)
-    del got["lse"]
-    assert compare_outputs(definition, got, expected, "cpu").status == "INCORRECT_SHAPE"
-
-
-def test_compare_outputs_dtype(definition, expected):
-    got = host(expected)
-    got["output"]["tensor"] = got["output"]["tensor"].float()
-    verdict = compare_outputs(definition, got, expected, "cpu")
-    assert verdict.status == "INCORRECT_DTYPE" and "float32" in verdict.message
-
-
-def test_compare_outputs_not_a_tensor(definition, expected):
-    got = host(expected)
-    got["lse"] = "not a torch.Tensor but numpy.ndarray"
-    verdict = compare_outputs(definition, got, expected, "cpu")
-    assert verdict.status == "INCORRECT_DTYPE" and "numpy" in verdict.message
-
-
-def test_compare_outputs_wrong_device(definition, expected):
-    verdict = compare_outputs(definition, host(expected, device="meta"), expected, "cpu")
-    assert verdict.status == "RUNTIME_ERROR" and "meta" in verdict.message
-
-
 def test_compare_outputs_finite_lse_for_an_empty_request_fails(definition, expected):
-    got = host(expected)
-    got["lse"]["tensor"][0] = -1e30
+    got = copy(expected)
+    got["lse"][0] = -1e30
     verdict = compare_outputs(definition, got, expected, "cpu")
-    assert verdict.status == "INCORRECT_NUMERICAL" and "lse" in verdict.message
+    assert verdict.status == "INCORRECT_NUMERICAL" and "output lse" in verdict.message
     assert verdict.errors["lse"].max_abs_error == INF
 
 
 def test_compare_outputs_poisoned_rows_fail(definition, expected):
-    got = host(expected)
-    got["output"]["tensor"][2] = NAN
+    got = copy(expected)
+    got["output"][2] = NAN  # a row the solution left as the judge poisoned it
     verdict = compare_outputs(definition, got, expected, "cpu")
     assert verdict.status == "INCORRECT_NUMERICAL" and "output output" in verdict.message
     assert verdict.errors["output"].mismatch_fraction == pytest.approx(1 / 3)
+
+
+def test_compare_outputs_names_the_first_failing_output_and_measures_all(definition, expected):
+    got = copy(expected)
+    got["output"][1] += 1.0
+    got["lse"][1] += 1.0
+    verdict = compare_outputs(definition, got, expected, "cpu")
+    assert verdict.message.startswith("output output:") and "outside atol/rtol" in verdict.message
+    assert verdict.errors["output"].max_abs_error == pytest.approx(1.0, abs=0.05)  # bf16 rounding
+    assert verdict.errors["lse"].max_abs_error == pytest.approx(1.0, rel=1e-5)
+
+
+def test_compare_outputs_off_the_host(definition, expected, monkeypatch):
+    """compute_on names where the arithmetic runs; without memory there, it runs on the host."""
+    chunk_errors = check._chunk_errors
+
+    def out_of_memory_off_the_host(got, expected, tolerance):
+        if got.device.type != "cpu":
+            raise torch.cuda.OutOfMemoryError("out of memory")
+        return chunk_errors(got, expected, tolerance)
+
+    monkeypatch.setattr(check, "_chunk_errors", out_of_memory_off_the_host)
+    got = copy(expected)
+    got["output"][2] = NAN
+    verdict = compare_outputs(definition, got, expected, "meta")
+    assert verdict.status == "INCORRECT_NUMERICAL"
+    assert verdict.errors["output"].mismatch_fraction == pytest.approx(1 / 3)
+
+
+# What a solution returned, checked by the worker before it goes into the call's slot.
+
+@pytest.fixture
+def worker_job(definition, expected):
+    """The worker's Job for one call, without an arena: a slot of the declared outputs and an input set."""
+    job = object.__new__(handler.Job)
+    job.definition = definition
+    job.slots = [{name: torch.full_like(t, NAN) if t.is_floating_point() else torch.empty_like(t)
+                  for name, t in expected.items()}]
+    generator = torch.Generator().manual_seed(2)
+    job.inputs = type("Sets", (), {})()
+    job.inputs.sets = [{"q_nope": torch.randn(3, 16, 512, generator=generator).to(torch.bfloat16),
+                        "kv_indptr": torch.tensor([0, 0, 2, 5], dtype=torch.int32)}]
+    job.returned = None
+    return job
+
+
+def store(job, returned) -> None:
+    job.returned = returned
+    job.store(Call(set=0, slot=0))
+
+
+def test_returned_outputs_go_into_the_slot(worker_job, expected):
+    store(worker_job, (expected["output"].clone(), expected["lse"].clone()))
+    assert all(torch.equal(worker_job.slots[0][name], expected[name]) for name in expected)
+    assert worker_job.returned is None
+
+
+def test_returned_output_count(worker_job, expected):
+    with pytest.raises(handler.OutputProblem, match="returned 1 values; the definition has 2 outputs") as problem:
+        store(worker_job, expected["output"].clone())
+    assert problem.value.status == "INCORRECT_SHAPE"
+
+
+@pytest.mark.parametrize("change, status, words", [
+    (lambda t: t[None], "INCORRECT_SHAPE", "has shape [1, 3, 16, 512], expected [3, 16, 512]"),
+    (lambda t: t.float(), "INCORRECT_DTYPE", "is float32, expected bfloat16"),
+    (lambda t: t.float().numpy(), "INCORRECT_DTYPE", "not a torch.Tensor but ndarray"),
+    (lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"), "RUNTIME_ERROR", "is on meta, expected cpu"),
+    # The device is checked before the shape and dtype.
+    (lambda t: torch.empty((1, *t.shape), dtype=torch.float32, device="meta"), "RUNTIME_ERROR", "on meta"),
+    (lambda t: t.as_subclass(type("Lazy", (torch.Tensor,), {})), "REJECTED", "subclass Lazy"),
+])
+def test_returned_output_checks_in_order(worker_job, expected, change, status, words):
+    with pytest.raises(handler.OutputProblem) as problem:
+        store(worker_job, (change(expected["output"].clone()), expected["lse"].clone()))
+    assert problem.value.status == status and words in str(problem.value)
+    assert str(problem.value).startswith("output output")
+
+
+def test_an_output_that_is_an_input_is_rejected(worker_job, expected):
+    q_nope = worker_job.inputs.sets[0]["q_nope"]
+    with pytest.raises(handler.OutputProblem, match="output output is a view of input q_nope") as problem:
+        store(worker_job, (q_nope, expected["lse"].clone()))
+    assert problem.value.status == "REJECTED"
+    with pytest.raises(handler.OutputProblem, match="view of input kv_indptr"):  # any overlap of bytes counts
+        store(worker_job, (expected["output"].clone(), worker_job.inputs.sets[0]["kv_indptr"].view(torch.float32)[:3]))

@@ -1,7 +1,8 @@
 """The device pool (flashbench/run/pool.py): jobs shared by several devices give the same results
 as one device, one trace line per pair; a device whose workers cannot use it is taken out and its
-jobs finish on the others; device lists. Real runs use CPU "devices"; the scheduling rules are
-also checked on a stand-in runner, without worker processes."""
+jobs finish on the others; device lists. Real runs use CPU "devices"; the scheduling rules, and
+how a lane keeps or replaces its worker, are also checked on a fake JobJudge, without worker
+processes; so is the runner's rejection of every job that ran while the trace file changed."""
 
 import json
 import threading
@@ -13,16 +14,18 @@ import pytest
 import torch
 
 from flashbench import FlashbenchError, Repo
-from flashbench.run import RunOptions, RunResult, Runner, parse_devices, select_solutions, select_workloads
-from flashbench.run.pool import DevicePool, Lane
-from flashbench.run.process import DeviceUnusable
-from flashbench.run.runner import Job
+from flashbench.run import RunOptions, Runner, parse_devices, select_solutions, select_workloads
+from flashbench.run.jobs import DeviceUnusable
+from flashbench.run.plan import Job
+from flashbench.run.pool import DevicePool
+from flashbench.run.recorder import TRACE_FILE_CHANGED
+from flashbench.run.session import JobOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
 SOLUTIONS = [ROOT / "solutions" / DEFINITION / "torch_vectorized",
              Path(__file__).parent / "fixtures" / "solutions" / DEFINITION / "correct_dps"]
-BROKEN = "nodevice"  # parses nowhere: every worker fails its device check
+BROKEN = "meta"  # a device without values: every worker fails its device check
 
 
 def run_on(repo_root, cache, trace_dir, devices, solutions=SOLUTIONS, workloads=()):
@@ -83,99 +86,264 @@ def test_a_device_whose_workers_cannot_start_is_taken_out(repo_copy, shared_cach
 
 def test_when_every_device_fails_the_run_ends(repo_copy, shared_cache, tmp_path):
     with pytest.raises(FlashbenchError, match="every device failed") as failed:
-        run_on(repo_copy, shared_cache, tmp_path, [BROKEN, "meta"], solutions=[], workloads=["smoke_mixed"])
-    assert f"{BROKEN}: the device check failed" in str(failed.value)
-    assert "meta: the device check failed: RuntimeError" in str(failed.value)
+        run_on(repo_copy, shared_cache, tmp_path, ["nodevice", BROKEN], solutions=[], workloads=["smoke_mixed"])
+    assert "nodevice: it cannot be described: " in str(failed.value)  # no such device: no worker is started
+    assert f"{BROKEN}: the device check failed: RuntimeError" in str(failed.value)
     assert not any(t.is_alive() for t in threading.enumerate() if t.name.startswith("flashbench "))
 
 
-# The scheduling rules on a stand-in runner: jobs take a moment and record which device ran them.
+# The scheduling rules on a fake JobJudge: jobs take a moment and record which device ran them.
 
-class StandInRunner:
+class FakeWorker:
+    def __init__(self, judge, device):
+        self.judge = judge
+        self.device = device
+        self.closed = threading.Event()
+
+    def alive(self) -> bool:
+        return not self.closed.is_set()
+
+    def close(self) -> None:
+        self.closed.set()
+        with self.judge.lock:
+            self.judge.closed.append(self)
+
+
+class FakeJudge:
+    """known_failure / start_worker / run / references_for / environment_of, as a Lane and the
+    DevicePool use them, without worker processes."""
+
     def __init__(self, broken=(), seconds=0.05):
-        self.options = SimpleNamespace(device="cpu")
-        self.broken = set(broken)
+        self.broken = set(broken)  # devices whose workers fail their device check
         self.seconds = seconds
+        self.failures: dict[str, JobOutcome] = {}  # candidate name -> why it cannot run
+        self.unbuildable: set[str] = set()  # candidates whose build fails (start_worker gives None)
+        self.outcomes: dict[int, JobOutcome] = {}  # job index -> its outcome (default: PASSED)
+        self.full_once = False  # the next references_for finds the device's memory full
+        self.held: set[int] = set()  # jobs that run until their worker is closed
+        self.holding = threading.Event()
         self.busy: dict[str, int] = {}
         self.most_at_once: dict[str, int] = {}
         self.starts: list[str] = []
+        self.closed: list[FakeWorker] = []
+        self.references: list[tuple[str, str]] = []
+        self.ran: list[tuple[int, FakeWorker]] = []
         self.lock = threading.Lock()
 
     def known_failure(self, candidate):
-        return None
-
-    def settle_references(self, workload, device):
-        pass
+        return self.failures.get(candidate.name)
 
     def start_worker(self, candidate, device):
         with self.lock:
             self.starts.append(device)
         if device in self.broken:
             raise DeviceUnusable("the device check failed: broken")
-        return SimpleNamespace(close=lambda: None, kill=lambda: None)
+        if candidate.name in self.unbuildable:
+            self.failures[candidate.name] = JobOutcome(status="COMPILE_ERROR", message="build: broken")
+            return None
+        return FakeWorker(self, device)
 
-    def run_job(self, worker, job, device):
+    def references_for(self, workload, device):
         with self.lock:
+            self.references.append((workload.uuid, device))
+            full, self.full_once = self.full_once, False
+        if full:
+            raise torch.cuda.OutOfMemoryError("out of memory")
+
+    def run(self, worker, job, device) -> JobOutcome:
+        assert worker.alive() and worker.device == device
+        with self.lock:
+            self.ran.append((job.index, worker))
             self.busy[device] = self.busy.get(device, 0) + 1
             self.most_at_once[device] = max(self.most_at_once.get(device, 0), self.busy[device])
+        if job.index in self.held:
+            self.holding.set()
+            worker.closed.wait(30)
         time.sleep(self.seconds)
         with self.lock:
             self.busy[device] -= 1
-        return (job.index, device), False
+        return self.outcomes.get(job.index, JobOutcome(status="PASSED", message=f"job {job.index}"))
 
-    def judge(self, job, outcome, device):
-        return (job.index, device)
+    def environment_of(self, device):
+        return {"device": device}
 
 
-def stand_in_jobs(count: int) -> list[Job]:
-    candidate = SimpleNamespace(name="c")
-    return [Job(i, candidate, SimpleNamespace(uuid=f"w{i}")) for i in range(count)]
+def fake_jobs(count: int, candidates=None) -> list[Job]:
+    candidates = candidates or [SimpleNamespace(name="c")]
+    per = count // len(candidates)
+    return [Job(i, candidates[i // per], SimpleNamespace(uuid=f"w{i % per}")) for i in range(count)]
 
 
 def test_every_job_runs_once_and_no_device_runs_two_at_once():
-    runner = StandInRunner()
-    with DevicePool(runner, ["cuda:0", "cuda:1", "cuda:2"]) as pool:
-        done = list(pool.run(stand_in_jobs(12)))
-    assert sorted(job.index for job, _ in done) == list(range(12))
-    assert set(runner.most_at_once.values()) == {1} and len(runner.most_at_once) == 3
-    assert runner.starts.count("cuda:0") == 1  # one worker per device for a candidate's jobs
+    judge = FakeJudge()
+    with DevicePool(judge, ["cuda:0", "cuda:1", "cuda:2"]) as pool:
+        done = list(pool.run(fake_jobs(12)))
+    assert sorted(job.index for job, _, _ in done) == list(range(12))
+    assert all(outcome.message == f"job {job.index}" for job, outcome, _ in done)
+    assert set(judge.most_at_once.values()) == {1} and len(judge.most_at_once) == 3
+    assert judge.starts.count("cuda:0") == 1  # one worker per device for a candidate's jobs
+    # each workload's reference outputs were settled on the device that then ran its job
+    assert all((f"w{index}", worker.device) in judge.references for index, worker in judge.ran)
+    assert len(judge.closed) == 3  # every worker ended with the pool
 
 
 def test_a_pool_of_one_keeps_the_order():
-    with DevicePool(StandInRunner(seconds=0), ["cpu"]) as pool:
-        assert [job.index for job, _ in pool.run(stand_in_jobs(5))] == list(range(5))
+    with DevicePool(FakeJudge(seconds=0), ["cpu"]) as pool:
+        assert [job.index for job, _, _ in pool.run(fake_jobs(5))] == list(range(5))
+
+
+def test_the_environment_is_that_of_the_device_that_ran_the_job():
+    judge = FakeJudge(seconds=0)
+    with DevicePool(judge, ["cuda:0", "cuda:1"]) as pool:
+        done = list(pool.run(fake_jobs(6)))
+    ran_on = {index: worker.device for index, worker in judge.ran}
+    assert all(environment == {"device": ran_on[job.index]} for job, _, environment in done)
 
 
 def test_a_broken_device_is_tried_twice_then_its_job_moves(capsys):
-    runner = StandInRunner(broken={"cuda:1"})
-    with DevicePool(runner, ["cuda:0", "cuda:1"]) as pool:
-        done = list(pool.run(stand_in_jobs(4)))
-    assert sorted(job.index for job, _ in done) == [0, 1, 2, 3]
-    assert {device for _, (_, device) in done} == {"cuda:0"}
-    assert runner.starts.count("cuda:1") == 2
+    judge = FakeJudge(broken={"cuda:1"})
+    with DevicePool(judge, ["cuda:0", "cuda:1"]) as pool:
+        done = list(pool.run(fake_jobs(4)))
+    assert sorted(job.index for job, _, _ in done) == [0, 1, 2, 3]
+    assert {environment["device"] for _, _, environment in done} == {"cuda:0"}
+    assert judge.starts.count("cuda:1") == 2
     assert "device cuda:1 is taken out of the pool: the device check failed: broken" in capsys.readouterr().err
 
 
 def test_an_error_in_a_device_thread_reaches_the_caller():
-    class Failing(StandInRunner):
-        def run_job(self, worker, job, device):
+    class Failing(FakeJudge):
+        def run(self, worker, job, device):
             raise FlashbenchError("workload w0: cannot bind")
 
     with pytest.raises(FlashbenchError, match="cannot bind"):
         with DevicePool(Failing(), ["cpu", "cpu"]) as pool:
-            list(pool.run(stand_in_jobs(2)))
+            list(pool.run(fake_jobs(2)))
+    assert not any(t.is_alive() for t in threading.enumerate() if t.name.startswith("flashbench "))
+
+
+def test_an_error_while_recording_ends_the_jobs_in_flight():
+    """The recording thread fails (or is interrupted) while another device runs a job: that job's
+    worker is ended rather than waited for."""
+    judge = FakeJudge(seconds=0)
+    judge.held = {1}
+    with pytest.raises(RuntimeError, match="recording failed"):
+        with DevicePool(judge, ["cpu", "cpu"]) as pool:
+            for job, _, _ in pool.run(fake_jobs(2)):
+                assert job.index == 0 and judge.holding.wait(30)  # job 1 is running on the other device
+                raise RuntimeError("recording failed")
+    (held,) = [worker for index, worker in judge.ran if index == 1]
+    assert held.closed.is_set()
+    assert not any(t.is_alive() for t in threading.enumerate() if t.name.startswith("flashbench "))
 
 
 def test_a_single_unusable_device_is_named():
     with pytest.raises(FlashbenchError, match="device cuda:3 cannot be used: the device check failed: broken"):
-        with DevicePool(StandInRunner(broken={"cuda:3"}), ["cuda:3"]) as pool:
-            list(pool.run(stand_in_jobs(1)))
+        with DevicePool(FakeJudge(broken={"cuda:3"}), ["cuda:3"]) as pool:
+            list(pool.run(fake_jobs(1)))
 
 
 def test_a_job_waiting_to_be_recorded_is_still_running():
-    with DevicePool(StandInRunner(seconds=0), ["cpu"]) as pool:
-        for job, _ in pool.run(stand_in_jobs(2)):
+    with DevicePool(FakeJudge(seconds=0), ["cpu"]) as pool:
+        for job, _, _ in pool.run(fake_jobs(2)):
             assert job.index in pool.running()
+    assert pool.running() == set()
+
+
+# A lane's worker: kept for a candidate's jobs, replaced when it cannot be used again.
+
+def test_a_worker_that_cannot_be_used_again_is_replaced_for_the_next_job():
+    judge = FakeJudge(seconds=0)
+    judge.outcomes[1] = JobOutcome(status="CRASHED", message="the worker was killed by SIGSEGV", worker_usable=False)
+    with DevicePool(judge, ["cpu"]) as pool:
+        done = list(pool.run(fake_jobs(4)))
+    assert [outcome.status for _, outcome, _ in done] == ["PASSED", "CRASHED", "PASSED", "PASSED"]
+    workers = [worker for _, worker in judge.ran]
+    assert workers[0] is workers[1] and workers[1] is not workers[2] and workers[2] is workers[3]
+    assert workers[1].closed.is_set() and len(judge.starts) == 2
+
+
+def test_each_candidate_gets_a_worker_of_its_own():
+    judge = FakeJudge(seconds=0)
+    first, second = SimpleNamespace(name="a"), SimpleNamespace(name="b")
+    with DevicePool(judge, ["cpu"]) as pool:
+        list(pool.run(fake_jobs(4, [first, second])))
+    workers = [worker for _, worker in judge.ran]
+    assert workers[0] is workers[1] and workers[2] is workers[3] and workers[1] is not workers[2]
+    assert workers[1].closed.is_set() and len(judge.starts) == 2  # the first ended before the second started
+
+
+def test_a_candidate_that_cannot_run_gets_its_failure_without_a_worker():
+    judge = FakeJudge(seconds=0)
+    judge.failures["c"] = JobOutcome(status="MISSING_DEPENDENCY", message="not installed: xyz")
+    with DevicePool(judge, ["cpu"]) as pool:
+        done = list(pool.run(fake_jobs(2)))
+    assert [outcome.status for _, outcome, _ in done] == ["MISSING_DEPENDENCY"] * 2
+    assert judge.starts == [] and judge.ran == []
+
+
+def test_a_failed_build_is_the_outcome_of_every_job_of_the_candidate():
+    judge = FakeJudge(seconds=0)
+    judge.unbuildable.add("c")
+    with DevicePool(judge, ["cpu"]) as pool:
+        done = list(pool.run(fake_jobs(3)))
+    assert [(outcome.status, outcome.message) for _, outcome, _ in done] == [("COMPILE_ERROR", "build: broken")] * 3
+    assert judge.starts == ["cpu"]  # built once; its later jobs know the failure
+
+
+def test_a_reference_that_finds_the_device_full_ends_the_idle_worker_and_runs():
+    """The references of a workload find the device's memory taken (a solution's worker can hold
+    it): the lane's idle worker is ended, the references computed again, and a fresh worker runs the job."""
+    judge, jobs = FakeJudge(seconds=0), fake_jobs(2)
+    with DevicePool(judge, ["cpu"]) as pool:
+        first = list(pool.run(jobs[:1]))
+        judge.full_once = True
+        second = list(pool.run(jobs[1:]))
+    assert [outcome.status for _, outcome, _ in first + second] == ["PASSED", "PASSED"]
+    assert judge.references == [("w0", "cpu"), ("w1", "cpu"), ("w1", "cpu")]  # the failed one, computed again
+    (_, before), (_, after) = judge.ran
+    assert before is not after and before.closed.is_set() and len(judge.starts) == 2
+
+
+# A trace file changed while several jobs ran: every one of them is rejected.
+
+class ForgingBackend:
+    """Yields each job's outcome, reporting `alongside[index]` as the jobs running with it; before
+    the first, something writes the trace file."""
+
+    def __init__(self, trace_file, alongside):
+        self.trace_file = trace_file
+        self.alongside = alongside
+        self.now: set[int] = set()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def run(self, jobs):
+        for job in jobs:
+            self.now = self.alongside[job.index]
+            if job.index == 0:
+                self.trace_file.write_bytes(b"forged\n")  # while jobs 0 and 1 ran
+            yield job, JobOutcome(status="PASSED"), {"device": "cpu"}
+
+    def running(self):
+        return set(self.now)
+
+
+def test_a_changed_trace_file_rejects_every_job_that_ran_alongside(repo_copy, shared_cache, tmp_path, monkeypatch):
+    repo = Repo(repo_copy)
+    runner = Runner(repo, DEFINITION, RunOptions(device="cpu", trace_dir=tmp_path, cache_dir=shared_cache))
+    backend = ForgingBackend(runner.trace_file, {0: {0, 1}, 1: {1}, 2: {2, 3}, 3: {3}})
+    monkeypatch.setattr(Runner, "_backend", lambda self, judge, config: backend)
+    candidates = runner.candidates(select_solutions(repo, DEFINITION, [str(p) for p in SOLUTIONS]))[1:]
+    result = runner.run(candidates, select_workloads(repo, DEFINITION, [], "cpu"))
+    assert [t.status for t in result.traces] == ["REJECTED", "REJECTED", "PASSED", "PASSED"]
+    assert all(t.message == TRACE_FILE_CHANGED for t in result.traces[:2])
+    assert b"forged" not in runner.trace_file.read_bytes()
+    assert [json.loads(line)["status"] for line in runner.trace_file.read_text().splitlines()] == \
+        [t.status for t in result.traces]
 
 
 # Device lists.
@@ -213,45 +381,3 @@ def test_all_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(FlashbenchError, match="no GPU is visible; for CPU devices give cpu:N"):
         parse_devices("all")
-
-
-def test_a_reference_that_finds_the_device_full_ends_the_idle_worker_and_runs(repo_copy, shared_cache, tmp_path,
-                                                                              monkeypatch):
-    # The second workload's reference finds the device's memory taken (a solution's worker can hold
-    # it): the lane's idle worker is ended, the reference tried again, and the run goes on.
-    compute, calls, closed = Runner.compute_references, [], []
-
-    def full_once(runner, workload, keys, device):
-        calls.append(workload.name)
-        if len(calls) == 2:
-            raise torch.cuda.OutOfMemoryError("out of memory")
-        return compute(runner, workload, keys, device)
-
-    close = Lane.close
-
-    def counted_close(lane):
-        closed.append((len(calls), lane.worker is not None))
-        close(lane)
-
-    monkeypatch.setattr(Runner, "compute_references", full_once)
-    monkeypatch.setattr(Lane, "close", counted_close)
-    result = run_on(repo_copy, shared_cache, tmp_path, ["cpu"], solutions=SOLUTIONS[:1])
-    assert {status for _, _, status in outcomes(result)} == {"PASSED"} and len(result.traces) == 4
-    assert calls[1] == calls[2]  # the failed reference, computed again
-    assert (2, True) in closed  # when the second reference failed, the idle worker of the reference was ended
-
-
-# A trace file changed while several jobs ran: every one of them is rejected.
-
-def test_a_changed_trace_file_rejects_every_job_that_ran_alongside(one_device, repo_copy, shared_cache, tmp_path):
-    runner = Runner(Repo(repo_copy), DEFINITION, RunOptions(device="cpu", trace_dir=tmp_path, cache_dir=shared_cache))
-    result = RunResult(trace_file=runner.trace_file)
-    first, second, third = one_device.traces[:3]
-    runner.trace_file.parent.mkdir(parents=True)
-    runner.trace_file.write_bytes(b"forged\n")  # while jobs 0 and 1 ran
-    runner._record(Job(0, None, None), first, result, running={0, 1})
-    runner._record(Job(1, None, None), second, result, running={1})
-    runner._record(Job(2, None, None), third, result, running={2})
-    assert [t.status for t in result.traces] == ["REJECTED", "REJECTED", third.status]
-    assert b"forged" not in runner.trace_file.read_bytes()
-    assert len(runner.trace_file.read_bytes().splitlines()) == 3

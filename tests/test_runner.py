@@ -1,6 +1,9 @@
-"""The runner (flashbench/run/runner.py, worker.py, process.py) on a corpus of misbehaving solutions:
-every failure gets its own status, ends at most its own worker, and the run goes on; workload
-selection; resuming after the runner was killed; a Triton solution under the interpreter."""
+"""The runner (flashbench/run/runner.py, jobs.py, session.py, supervisor.py, worker/) on a corpus
+of misbehaving solutions: every failure gets its own status, ends at most its own worker, and the
+run goes on; reference outputs past their memory budget; workload and solution selection; the
+timing method of each candidate; resuming after the runner was killed, and a killed runner's
+workers ending with it; a Triton solution under the interpreter. (tests/test_session.py has the
+judging of one job in detail, tests/test_adversarial.py the attacks.)"""
 
 import json
 import os
@@ -14,8 +17,11 @@ import pytest
 from click.testing import CliRunner
 
 from flashbench import FlashbenchError, Repo
+from flashbench.build import CACHE_DIR_NAME
 from flashbench.cli import main
-from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
+from flashbench.run import RunOptions, Runner, jobs, select_solutions, select_workloads
+from flashbench.run.jobs import JobJudge, JudgeConfig
+from flashbench.run.options import GPU_CHECKED_CALLS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -50,10 +56,17 @@ CORPUS = {
 }
 
 
+def worker_files(cache: Path) -> list[str]:
+    """Exchange directories and logs of workers under a cache: none once their run is over."""
+    workers = cache / "workers"
+    return sorted(p.name for p in workers.iterdir()) if workers.exists() else []
+
+
 @pytest.fixture(scope="module")
 def corpus_run(repo_copy, shared_cache, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("corpus")
     result = run_solutions(repo_copy, shared_cache, tmp, [FIXTURES / name for name in CORPUS])
+    result.worker_files_left = worker_files(shared_cache)
     return result, {(t.solution, t.workload_name): t for t in result.traces}
 
 
@@ -72,6 +85,14 @@ def test_every_pair_is_recorded_in_order(corpus_run):
     assert [(t.solution, t.workload_name) for t in result.traces] == [(n, w) for n in CORPUS for w in SMOKE]
     lines = result.trace_file.read_text().splitlines()
     assert [json.loads(line)["status"] for line in lines] == [t.status for t in result.traces]
+    assert {json.loads(line)["isolation"] for line in lines} == {result.isolation}
+    assert result.untrusted_files == [] and result.skipped == 0
+
+
+def test_no_worker_files_outlive_the_run(corpus_run):
+    """Every worker, failed or not, was ended and its exchange directory and log removed."""
+    result, _ = corpus_run
+    assert result.worker_files_left == []
 
 
 def test_segfault_is_named_and_the_worker_is_restarted_for_the_next_workload(corpus_run):
@@ -117,31 +138,59 @@ def test_correct_solution_after_the_failures_passes_and_is_timed(corpus_run):
     _, traces = corpus_run
     for workload in SMOKE:
         trace = traces[("correct_dps", workload)]
-        assert trace.performance.samples == 2 and trace.performance.latency_ms > 0
+        timing = trace.performance.timing
+        assert trace.performance.latency_ms > 0 and timing["batches"] * timing["calls_per_batch"] >= 2  # iters
+        assert timing["method"] == "host clock" and timing["warmup"] == 0 and timing["iters"] == 2
+        assert timing["seeds"] == "secret" and timing["l2_flush_bytes"] == 0  # no L2 flush on a CPU
         assert trace.performance.reference_latency_ms is None  # the reference was not part of this run
+        assert trace.performance.speedup is None
         assert trace.correctness["output"].mismatch_fraction == 0.0
+        assert trace.log == ""
 
 
 def test_hang_times_out_and_the_run_goes_on(repo_copy, shared_cache, tmp_path):
-    started = time.monotonic()
     result = run_solutions(repo_copy, shared_cache, tmp_path, [FIXTURES / "hang", FIXTURES / "correct_dps"],
                            timeout=10, workloads=["smoke_mixed"])
     hang, correct = result.traces
     assert (hang.solution, hang.status, hang.message) == ("hang", "TIMEOUT", "no answer within 10 s")
+    assert "hang: looping forever" in hang.log
     assert (correct.solution, correct.status) == ("correct_dps", "PASSED")
-    assert time.monotonic() - started < 60
 
 
-def test_reference_outputs_past_the_memory_budget_are_dropped_and_computed_again(repo_copy, shared_cache, tmp_path):
+def test_reference_outputs_past_the_memory_budget_are_dropped_and_computed_again(repo_copy, shared_cache, tmp_path,
+                                                                                 monkeypatch):
+    stores = []
+
+    class Store(jobs.ReferenceStore):  # the run's store, kept for a look afterwards
+        def __init__(self, *args):
+            super().__init__(*args)
+            stores.append(self)
+
+    monkeypatch.setattr(jobs, "ReferenceStore", Store)
     repo = Repo(repo_copy)
     options = RunOptions(device="cpu", iters=2, warmup=0, trace_dir=tmp_path / "traces", cache_dir=shared_cache,
-                         reference_memory_bytes=0)
+                         reference_memory_bytes=0, seed=5)
     runner = Runner(repo, DEFINITION, options)
     workloads = select_workloads(repo, DEFINITION, SMOKE, "cpu")
     result = runner.run(runner.candidates(select_solutions(repo, DEFINITION, [str(FIXTURES / "correct_dps")])), workloads)
     assert [(t.solution, t.status) for t in result.traces] == [("reference", "PASSED")] * 2 + [("correct_dps", "PASSED")] * 2
-    # Only the last job's reference outputs are still held.
-    assert {uuid for uuid, _, _ in runner._expected} == {workloads[-1].uuid}
+    assert all(t.performance.reference_latency_ms > 0 for t in result.traces)
+    assert all(t.performance.timing["seeds"] == "public" for t in result.traces)  # the run's seed was given
+    # Only the last job's reference outputs are still held: those of one input set, just computed.
+    (store,) = stores
+    assert [uuid for uuid, _ in store._kept] == [workloads[-1].uuid]
+
+
+def test_the_run_seed_makes_the_input_sets_public_and_repeatable(repo_copy):
+    """With a seed the input sets are the same on every run (each timed call still draws a secret
+    seed of its own); without one they are drawn afresh, and the traces say which."""
+    repo = Repo(repo_copy)
+    public = JudgeConfig.for_run(repo.definition(DEFINITION), repo.root, repo.definition_path(DEFINITION),
+                                 RunOptions(seed=5, input_sets=3, isolation="process"), "")
+    assert public.set_seeds == [5, 6, 7]
+    secret = [JudgeConfig.for_run(repo.definition(DEFINITION), repo.root, repo.definition_path(DEFINITION),
+                                  RunOptions(input_sets=3, isolation="process"), "").set_seeds for _ in range(2)]
+    assert secret[0] != secret[1] and len(set(secret[0])) == 3
 
 
 # Workload and solution selection (no workers).
@@ -194,19 +243,48 @@ def test_unknown_solution_and_wrong_definition(repo):
         select_solutions(repo, "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", [str(FIXTURES / "correct_dps")])
 
 
+def judge_for(repo, tmp_path, **options) -> JobJudge:
+    """A run's judge, as the runner builds it (no worker is started)."""
+    run_options = RunOptions(trace_dir=tmp_path, cache_dir=tmp_path / "cache", isolation="process", **options)
+    return JobJudge(JudgeConfig.for_run(repo.definition(DEFINITION), repo.root, repo.definition_path(DEFINITION),
+                                        run_options, ""))
+
+
 def test_graph_runs_time_the_reference_with_events(repo, tmp_path):
     """The reference copies index data to the host, which a CUDA graph cannot capture: under
     --timing graph it is timed with events, and only the solutions are replayed in graphs."""
-    from dataclasses import replace
-
-    from flashbench.run.runner import Job
-
-    runner = Runner(repo, DEFINITION, RunOptions(trace_dir=tmp_path))
-    runner.options = replace(runner.options, timing="graph")  # a GPU run's options, without the GPU
+    judge = judge_for(repo, tmp_path, device="cuda", timing="graph")  # a GPU run's options, without the GPU
+    runner = Runner(repo, DEFINITION, RunOptions(trace_dir=tmp_path, cache_dir=tmp_path / "cache"))
     reference, solution = runner.candidates(select_solutions(repo, DEFINITION, [str(FIXTURES / "correct_dps")]))
-    workload = select_workloads(repo, DEFINITION, ["smoke_mixed"], "cpu")[0]
-    methods = [runner.job_request(Job(0, c, workload))["timing"]["method"] for c in (reference, solution)]
-    assert methods == ["events", "graph"]
+    assert [judge.timing_method(c) for c in (reference, solution)] == ["events", "graph"]
+    assert [judge.settings(c, "cuda").graph for c in (reference, solution)] == [False, True]
+    cpu = judge_for(repo, tmp_path, device="cpu")
+    assert cpu.timing_method(solution) == "events" and not cpu.settings(solution, "cpu").graph
+
+
+def test_how_many_timed_calls_are_checked(repo, tmp_path):
+    """All of them on a CPU, where the reference is cheap; a few on a GPU; or as many as asked for."""
+    runner = Runner(repo, DEFINITION, RunOptions(trace_dir=tmp_path, cache_dir=tmp_path / "cache"))
+    (reference,) = runner.candidates([])
+    assert judge_for(repo, tmp_path).settings(reference, "cpu").checked_calls is None
+    assert judge_for(repo, tmp_path, device="cuda").settings(reference, "cuda").checked_calls == GPU_CHECKED_CALLS
+    assert judge_for(repo, tmp_path, checked_calls=3).settings(reference, "cpu").checked_calls == 3
+    assert judge_for(repo, tmp_path, device="cuda", checked_calls=0).settings(reference, "cuda").checked_calls == 0
+
+
+def test_graph_timing_and_unknown_backends_are_refused_before_any_work(repo, tmp_path):
+    with pytest.raises(FlashbenchError, match="--timing graph replays CUDA graphs: it needs a CUDA device"):
+        Runner(repo, DEFINITION, RunOptions(device="cpu", timing="graph", trace_dir=tmp_path))
+    with pytest.raises(FlashbenchError, match="no backend 'slurm'; known: local, ray"):
+        Runner(repo, DEFINITION, RunOptions(backend="slurm", trace_dir=tmp_path))
+
+
+def test_the_reference_is_a_candidate_of_its_own_keyed_by_its_source(repo, tmp_path):
+    runner = Runner(repo, DEFINITION, RunOptions(trace_dir=tmp_path, cache_dir=tmp_path / "cache"))
+    reference, solution = runner.candidates(select_solutions(repo, DEFINITION, [str(FIXTURES / "correct_dps")]))
+    assert reference.solution.name == "reference" and not reference.solution.destination_passing_style
+    assert (reference.folder / "reference.py").is_file() and reference.folder.is_relative_to(tmp_path / "cache")
+    assert runner.candidates([])[0].hash == reference.hash and solution.solution.name == "correct_dps"
 
 
 # Resume after the runner was killed outright.
@@ -230,24 +308,26 @@ def wait_for(condition, seconds: float, what: str):
     raise AssertionError(f"gave up waiting for {what}")
 
 
-def live_members(group: int) -> list[int]:
-    """Processes of a process group that still run (zombies do not count)."""
-    members = []
+def workers_of(repo_root: Path) -> list[int]:
+    """Running processes of the workers a CLI run in `repo_root` started (their command lines name
+    their exchange directories, under the repository's cache); zombies do not count."""
+    marker = str(repo_root / CACHE_DIR_NAME / "workers").encode()
+    found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if marker in (entry / "cmdline").read_bytes() and state not in ("Z", "X"):
+                found.append(int(entry.name))
         except OSError:
             continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+    return found
 
 
 @pytest.fixture
-def killed_run(tmp_path):
-    """Starts a CLI run in a process group of its own; whatever the test leaves running is ended."""
+def killed_run(fresh_repo):
+    """Starts a CLI run in a session of its own; whatever the test leaves running is ended."""
     started = []
 
     def start(command, **kwargs):
@@ -261,8 +341,11 @@ def killed_run(tmp_path):
         if process.poll() is None:
             process.kill()
         process.wait(timeout=10)
-        for pid in live_members(process.pid):
+    for pid in workers_of(fresh_repo):
+        try:
             os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -281,7 +364,7 @@ def test_resume_after_kill(tmp_path, fresh_repo, killed_run):
     recorded = {(r["solution"], r["workload_name"]) for r in records}
     assert len(recorded) == len(records) >= 1
     assert all(r["solution"] in ("reference", "correct_dps") for r in records)
-    wait_for(lambda: not live_members(runner.pid), 20, "the killed run's workers to end")
+    wait_for(lambda: not workers_of(repo_root), 20, "the killed run's workers to end")
 
     result = CliRunner().invoke(main, cli_command(repo_root, trace_dir, "--solution", str(correct), "--resume",
                                                   "--timeout", "60")[3:])
@@ -300,20 +383,18 @@ def test_resume_after_kill(tmp_path, fresh_repo, killed_run):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="relies on the parent-death signal")
 def test_killed_runner_takes_a_hanging_worker_with_it(tmp_path, fresh_repo, killed_run):
     repo_root = fresh_repo
-    worker_tmp = tmp_path / "tmp"  # where the worker's log (its stdout) goes
-    worker_tmp.mkdir()
+    files = repo_root / CACHE_DIR_NAME / "workers"  # each worker's exchange directory and log (its output)
     runner = killed_run(cli_command(repo_root, tmp_path / "traces", "--solution", str(FIXTURES / "hang"),
-                                    "--workload", "smoke_mixed", "--timeout", "120"),
-                        env={**os.environ, "TMPDIR": str(worker_tmp)})
+                                    "--workload", "smoke_mixed", "--timeout", "120"))
 
     def hanging():
-        return any(b"looping forever" in log.read_bytes() for log in worker_tmp.glob("flashbench-worker-*.log"))
+        return files.is_dir() and any(b"looping forever" in log.read_bytes() for log in files.glob("*.log"))
 
     wait_for(hanging, 120, "the solution to start looping")
-    assert len(live_members(runner.pid)) >= 2  # the runner and its looping worker
+    assert workers_of(repo_root)  # the looping worker (and at level namespaces, the unshare holding it)
     os.kill(runner.pid, signal.SIGKILL)
     runner.wait(timeout=10)
-    wait_for(lambda: not live_members(runner.pid), 20, "the orphaned worker to end")
+    wait_for(lambda: not workers_of(repo_root), 20, "the orphaned worker to end")
 
 
 # A Triton kernel under Triton's interpreter.

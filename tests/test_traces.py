@@ -77,8 +77,11 @@ def test_performance(recorded):
     for record in (reference, correct):
         perf = record["performance"]
         assert PERFORMANCE_KEYS <= set(perf), PERFORMANCE_KEYS - set(perf)
-        assert perf["samples"] == 2
-        assert 0 < perf["min_ms"] <= perf["p10_ms"] <= perf["latency_ms"] <= perf["p90_ms"]
+        assert perf["samples"] >= 2  # batches of the judge's clock, or calls of the worker's: whichever is ranked
+        # The judge's per-call figure of a batch (its time less the harness's steps) can be 0 on a
+        # loaded host; the ranked median is the larger clock's and never 0.
+        assert 0 <= perf["min_ms"] <= perf["p10_ms"] <= perf["latency_ms"] <= perf["p90_ms"]
+        assert perf["latency_ms"] > 0
         assert perf["ci_low_ms"] <= perf["latency_ms"] <= perf["ci_high_ms"]
         assert perf["timing"]["method"] == "host clock" and perf["timing"]["iters"] == 2
         assert perf["timing"]["warmup"] == 0 and perf["timing"]["input_sets"] == 3

@@ -1,0 +1,208 @@
+"""The judge's clock (flashbench/run/judge/clock.py): summary statistics on known samples, the
+per-call time of a batch less its baseline, the rule that flags a worker's own clock, and the
+baseline batch (the harness's steps without the solution's call) run for real on the CPU. Also
+the message of a call a CUDA graph cannot capture (the capture is in run/worker/handler.py)."""
+
+import random
+import statistics
+
+import pytest
+import torch
+
+from flashbench import Repo
+from flashbench.run.judge.clock import (AGREEMENT_SHARE, BASELINE_REPEATS, SLACK_MS, Baseline, disagreement,
+                                        per_call_ms, summarize)
+from flashbench.run.judge.inputs import JobInputs
+from flashbench.run.protocol import Batch, Call
+
+DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+
+
+# summarize: the headline median, the spread and a confidence interval of the median.
+
+def test_summarize_known_samples():
+    stats = summarize([float(v) for v in range(10, 0, -1)])  # 1..10, unordered
+    assert stats["latency_ms"] == 5.5
+    assert stats["mean_ms"] == 5.5
+    assert stats["std_ms"] == pytest.approx(statistics.stdev(range(1, 11)))
+    assert stats["min_ms"] == 1.0
+    assert stats["p10_ms"] == pytest.approx(1.9)  # linear interpolation: 1 + 0.1 * 9
+    assert stats["p90_ms"] == pytest.approx(9.1)
+    assert stats["samples"] == 10
+    assert stats["ci_low_ms"] <= stats["latency_ms"] <= stats["ci_high_ms"]
+    assert stats["ci_low_ms"] in range(1, 11) and stats["ci_high_ms"] in range(1, 11)
+
+
+def test_summarize_odd_count_and_quantile_endpoints():
+    stats = summarize([3.0, 1.0, 2.0])
+    assert stats["latency_ms"] == 2.0
+    assert stats["p10_ms"] == pytest.approx(1.2) and stats["p90_ms"] == pytest.approx(2.8)
+    assert stats["min_ms"] <= stats["p10_ms"] <= stats["latency_ms"] <= stats["p90_ms"]
+
+
+def test_summarize_single_sample():
+    stats = summarize([0.7])
+    assert stats["latency_ms"] == stats["min_ms"] == stats["p10_ms"] == stats["p90_ms"] == 0.7
+    assert stats["std_ms"] == 0.0 and stats["samples"] == 1
+    assert stats["ci_low_ms"] == stats["ci_high_ms"] == 0.7
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 10, 11, 50, 100, 1000])
+def test_confidence_interval_contains_the_median_and_narrows(n):
+    rng = random.Random(n)
+    samples = [rng.lognormvariate(0, 0.3) for _ in range(n)]
+    stats = summarize(samples)
+    assert min(samples) <= stats["ci_low_ms"] <= stats["latency_ms"] <= stats["ci_high_ms"] <= max(samples)
+    if n >= 100:  # order statistics around rank n/2 +- 1.96 sqrt(n)/2, not the whole range
+        ordered = sorted(samples)
+        assert ordered[int(0.35 * n)] <= stats["ci_low_ms"] and stats["ci_high_ms"] <= ordered[int(0.65 * n)]
+
+
+def test_confidence_interval_of_constant_samples_is_a_point():
+    stats = summarize([2.0] * 20)
+    assert stats["ci_low_ms"] == stats["ci_high_ms"] == stats["latency_ms"] == 2.0 and stats["std_ms"] == 0.0
+
+
+def test_a_single_stalled_batch_does_not_move_the_headline():
+    """One batch stalled by 50 ms (another process, a page fault) changes the mean, not the median."""
+    steady = [2.0, 2.1, 1.9, 2.0, 2.05]
+    stats = summarize(steady + [52.0])
+    assert stats["latency_ms"] == pytest.approx(statistics.median(steady + [52.0])) == pytest.approx(2.025)
+    assert stats["mean_ms"] > 10
+
+
+# per_call_ms: the judge's time for a batch, less the harness's own steps, per call.
+
+def test_per_call_time_subtracts_the_baseline_and_divides_by_the_calls():
+    assert per_call_ms(50.0, 10.0, 8) == pytest.approx(5.0)
+    assert per_call_ms(10.0, 0.0, 1) == 10.0
+
+
+def test_a_batch_faster_than_its_baseline_counts_as_no_time():
+    """Host noise can make the baseline read longer than the batch: never a negative time."""
+    assert per_call_ms(9.0, 10.0, 4) == 0.0
+
+
+# disagreement: the worker's own clock against the judge's.
+
+@pytest.mark.parametrize("worker, judge, flagged", [
+    (1.0, 1.0, False),          # equal
+    (0.6, 1.0, False),          # more than half the judge's time
+    (0.5, 1.0, False),          # exactly half: not flagged
+    (0.4, 1.0, True),           # under half and 0.6 ms apart
+    (0.001, 0.01, False),       # under half, but within the slack (a few µs of handshake per call)
+    (0.001, 0.0125, True),      # under half and just beyond the slack
+    (2.0, 1.0, False),          # a worker clock above the judge's is never flagged
+])
+def test_the_flagging_rule_on_a_gpu(worker, judge, flagged):
+    assert (worker < AGREEMENT_SHARE * judge - SLACK_MS) is flagged  # the rule as documented
+    assert (disagreement(worker, judge, "cuda") is not None) is flagged
+
+
+def test_the_rejection_gives_both_figures():
+    message = disagreement(0.4, 1.0, "cuda")
+    assert "clock disagrees" in message and "400.0 µs" in message and "1000.0 µs" in message
+
+
+@pytest.mark.parametrize("worker, judge", [(0.0, 1.0), (0.001, 5.0), (1.0, 1.0)])
+def test_on_a_cpu_the_worker_clock_is_never_judged(worker, judge):
+    """Both clocks are the host's: other load alone can split them."""
+    assert disagreement(worker, judge, "cpu") is None
+
+
+# The baseline: a batch's steps without the solution's call, run by the judge on the CPU.
+
+@pytest.fixture(scope="module")
+def job_inputs(repo_copy):
+    repo = Repo(repo_copy)
+    definition = repo.definition(DEFINITION)
+    workload = next(w for w in repo.workload_set(DEFINITION).workloads if w.name == "smoke_mixed")
+    return JobInputs(definition, workload, [11, 12], "cpu", repo.definition_path(DEFINITION).parent)
+
+
+class CountingFlush:
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self):
+        self.count += 1
+
+
+def seeded_batch(calls: int) -> Batch:
+    return Batch(calls=[Call(set=k % 2, slot=k, seed=1000 + k) for k in range(calls)], fresh_seed=7)
+
+
+def snapshot(tensors: dict) -> dict:
+    return {name: value.clone() for name, value in tensors.items() if isinstance(value, torch.Tensor)}
+
+
+@pytest.mark.parametrize("copies_outputs", [False, True])
+def test_the_baseline_runs_the_steps_of_every_call_on_scratch_inputs(job_inputs, copies_outputs):
+    sets, current = [snapshot(s) for s in job_inputs.sets], [snapshot(s) for s in job_inputs.current]
+    flush = CountingFlush()
+    baseline = Baseline(job_inputs, flush, copies_outputs=copies_outputs)
+    scratch = snapshot(baseline.inputs.sets[0])
+    elapsed = baseline.time_ms(seeded_batch(5))
+    assert elapsed >= 0
+    assert flush.count == 5 * BASELINE_REPEATS  # one flush per call, in each repeat
+    # The redraws ran, on the baseline's own copy of one set (every call maps to it) ...
+    assert len(baseline.inputs.sets) == 1
+    assert any(not torch.equal(baseline.inputs.sets[0][n], scratch[n]) for n in job_inputs.random_names)
+    # ... and the judge's sets and its replay of the worker's sets are untouched.
+    for before, after in zip(sets + current, job_inputs.sets + job_inputs.current):
+        assert all(torch.equal(before[name], after[name]) for name in before)
+    if copies_outputs:  # a solution that returns its outputs has them copied into a slot: so does the baseline
+        assert [tuple(returned.shape) for returned, _ in baseline.outputs] == \
+            [tuple(shape) for _, shape in job_inputs.outputs.values()]
+    else:
+        assert baseline.outputs is None
+
+
+def test_the_baseline_is_the_least_of_its_repeats(job_inputs, monkeypatch):
+    """Other load on the host only ever adds time."""
+    readings = iter([5.0, 3.0, 4.0, 6.0][:BASELINE_REPEATS])
+    baseline = Baseline(job_inputs, CountingFlush(), copies_outputs=False)
+    monkeypatch.setattr(baseline, "_once", lambda batch: next(readings))
+    assert baseline.time_ms(seeded_batch(2)) == min([5.0, 3.0, 4.0, 6.0][:BASELINE_REPEATS])
+
+
+def test_the_baseline_times_a_batch_of_unseeded_calls(job_inputs):
+    batch = Batch(calls=[Call(set=1, slot=0), Call(set=0, slot=1)], fresh_seed=3)
+    assert Baseline(job_inputs, CountingFlush(), copies_outputs=True).time_ms(batch) >= 0
+
+
+# Graph timing (run/worker/handler.py): a call that cannot be captured says so and names the way out.
+
+def test_a_call_a_cuda_graph_cannot_capture_is_named(monkeypatch):
+    from contextlib import contextmanager
+
+    from flashbench.run.worker import handler
+
+    @contextmanager
+    def failing_capture(graph, stream=None):
+        yield
+        raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture")
+
+    @contextmanager
+    def on_stream(stream):
+        yield
+
+    class Stream:
+        def __init__(self, device):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(handler.torch.cuda, "graph", failing_capture)
+    monkeypatch.setattr(handler.torch.cuda, "CUDAGraph", object)
+    monkeypatch.setattr(handler.torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(handler.torch.cuda, "stream", on_stream)
+    monkeypatch.setattr(handler.torch.cuda, "current_stream", lambda device=None: Stream(device))
+    job = object.__new__(handler.Job)
+    job.device, job.graphs, calls = "cpu", {}, []
+    job.call = lambda call: calls.append("call")
+    job.store = lambda call: calls.append("store")
+    with pytest.raises(RuntimeError, match=r"cannot be captured in a CUDA graph.*--timing events.*Cannot copy"):
+        job.replay(Call(set=0, slot=0))
+    assert calls == ["call", "store", "call", "store"]  # a warm-up outside the capture, then the capture

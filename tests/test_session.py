@@ -1,0 +1,337 @@
+"""One job judged from outside its worker (flashbench/run/session.py, judge/references.py).
+
+Real runs on the CPU: every timed call can be checked there, so a solution wrong only from its
+Nth call on fails with a message naming a timed call; the inputs of every call differ (a solution
+records a fingerprint of each call's inputs; caches keyed by the inputs' buffers or structure go
+stale); the two identical calls must agree (tests/test_runner.py has a solution that changes its
+inputs); the ranked latency is the larger of the judge's and the worker's medians; each trace
+records its isolation level and how many timed calls were checked. Then the session's rules
+without a worker: which call uses which input set and output slot, which calls are picked for
+checking, how the clocks are ranked, how outputs are poisoned and checked; and the reference
+outputs kept in memory."""
+
+import math
+import textwrap
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from flashbench import Repo
+from flashbench.build import content_hash
+from flashbench.run import RunOptions, Runner, sandbox, select_solutions, select_workloads
+from flashbench.run.judge.references import ReferenceStore
+from flashbench.run.options import MIN_BATCHES
+from flashbench.run.session import SessionSettings, _Check, _Job, _poison, _Stop, _Times
+
+DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+FIXTURES = Path(__file__).parent / "fixtures" / "solutions" / DEFINITION
+WORKLOAD = "smoke_mixed"
+SETS = 2  # input sets; with warmup 0, a job's first three calls are the untimed checks, its 5th call is timed
+
+# Each call appends a fingerprint of all its inputs to $HOME/calls.txt (HOME is the solution's own
+# build directory, the one lasting place its worker may write), then computes correctly.
+FINGERPRINTS = f'''
+import hashlib, os, sys
+import torch
+sys.path.insert(0, {str(FIXTURES / "_shared")!r})
+from decode_math import decode_into
+
+
+def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, output, lse):
+    digest = hashlib.sha256(repr(sm_scale).encode())
+    for tensor in (q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices):
+        digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    os.makedirs(os.environ["HOME"], exist_ok=True)
+    with open(os.path.join(os.environ["HOME"], "calls.txt"), "a") as calls:
+        calls.write(digest.hexdigest() + "\\n")
+    decode_into(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, output, lse)
+'''
+
+SOLUTIONS = {
+    "counts_calls": "INCORRECT_NUMERICAL",  # correct on its first 3 calls, wrong from the 4th on
+    "cache_by_pointer": "INCORRECT_NUMERICAL",  # a cache keyed by the input buffers' addresses
+    "cache_by_structure": "INCORRECT_NUMERICAL",  # a cache keyed by the index structure and shapes
+    "nondeterministic": "REJECTED",  # within tolerance each time, but two identical calls differ
+    "fingerprints": "PASSED",
+    "correct_dps": "PASSED",
+}
+
+
+def write_fingerprints(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "kernel.py").write_text(FINGERPRINTS)
+    (folder / "solution.yaml").write_text(textwrap.dedent(f"""\
+        name: fingerprints
+        definition: {DEFINITION}
+        author: tests
+        language: python
+        entry_point: kernel.py::run
+        destination_passing_style: true
+        dependencies: [torch]
+    """))
+    return folder
+
+
+def run(repo_root: Path, cache: Path, trace_dir: Path, folders: list[Path], **options):
+    repo = Repo(repo_root)
+    runner = Runner(repo, DEFINITION, RunOptions(**{
+        "device": "cpu", "iters": 3, "warmup": 0, "input_sets": SETS, "timeout": 60.0, "trace_dir": trace_dir,
+        "cache_dir": cache, **options}))
+    candidates = runner.candidates(select_solutions(repo, DEFINITION, [str(f) for f in folders]))[1:]
+    result = runner.run(candidates, select_workloads(repo, DEFINITION, [WORKLOAD], "cpu"))
+    return result, {c.solution.name: c for c in candidates}
+
+
+@pytest.fixture(scope="module")
+def judged(repo_copy, shared_cache, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("session")
+    folders = [write_fingerprints(tmp / "fingerprints") if name == "fingerprints" else FIXTURES / name
+               for name in SOLUTIONS]
+    (shared_cache / "build" / content_hash(tmp / "fingerprints") / "home" / "calls.txt").unlink(missing_ok=True)
+    result, candidates = run(repo_copy, shared_cache, tmp / "traces", folders)
+    return result, {t.solution: t for t in result.traces}, candidates
+
+
+@pytest.mark.parametrize("name, status", SOLUTIONS.items())
+def test_status(judged, name, status):
+    _, traces, _ = judged
+    trace = traces[name]
+    assert trace.status == status, f"{name}: {trace.status} {trace.message}"
+    assert (trace.performance is not None) is (status == "PASSED")
+
+
+@pytest.mark.parametrize("name", ["counts_calls", "cache_by_pointer"])
+def test_a_solution_wrong_only_on_later_calls_fails_on_a_timed_call(judged, name):
+    """On a CPU every timed call is checked (picked after its batch ran, where the worker cannot see)."""
+    _, traces, _ = judged
+    message = traces[name].message
+    assert "timed call" in message and "outside atol/rtol" in message, message
+
+
+def test_every_timed_call_is_checked_on_a_cpu(judged):
+    _, traces, _ = judged
+    timing = traces["correct_dps"].performance.timing
+    assert timing["checked_calls"] == timing["batches"] * timing["calls_per_batch"]
+
+
+def test_the_inputs_of_every_call_differ(judged, shared_cache):
+    """Every call's inputs are new, except the one repeated on purpose: the job's third call is the
+    first input set again, unchanged, to see that identical calls agree."""
+    _, _, candidates = judged
+    calls = (shared_cache / "build" / candidates["fingerprints"].hash / "home" / "calls.txt").read_text().split()
+    assert len(calls) >= SETS + 1 + 1 + 3  # the untimed checks, a warm-up call, at least `iters` timed calls
+    assert calls[SETS] == calls[0] and calls[1] != calls[0]
+    assert [n for n in Counter(calls).values() if n > 1] == [2]
+
+
+def test_identical_calls_must_agree(judged):
+    _, traces, _ = judged
+    assert "outputs change between identical calls" in traces["nondeterministic"].message
+
+
+def test_the_ranked_latency_is_the_larger_of_the_two_clocks(judged):
+    _, traces, _ = judged
+    performance = traces["correct_dps"].performance
+    judge, worker = performance.crosscheck["judge"], performance.crosscheck["worker"]
+    assert performance.latency_ms == max(judge["latency_ms"], worker["latency_ms"]) > 0
+    ranked = performance.timing["ranked_clock"]
+    assert performance.latency_ms == performance.crosscheck[ranked]["latency_ms"]
+    batches, size = performance.timing["batches"], performance.timing["calls_per_batch"]
+    assert batches >= MIN_BATCHES["cpu"] and batches * size >= 3
+    assert judge["samples"] == batches and worker["samples"] == batches * size  # per batch; per call
+    assert performance.timing["seeds"] == "secret"
+
+
+def test_the_isolation_level_is_recorded(judged):
+    result, traces, _ = judged
+    assert result.isolation == sandbox.available_isolation()
+    assert {t.isolation for t in traces.values()} == {result.isolation}
+
+
+def test_a_run_at_level_process_checking_one_timed_call(repo_copy, shared_cache, tmp_path):
+    result, _ = run(repo_copy, shared_cache, tmp_path / "traces", [FIXTURES / "correct_dps"],
+                    isolation="process", checked_calls=1)
+    (trace,) = result.traces
+    assert (result.isolation, trace.isolation, trace.status) == ("process", "process", "PASSED")
+    assert trace.performance.timing["checked_calls"] == 1
+
+
+# The session's rules, without a worker.
+
+def settings(graph=False, checked_calls=None) -> SessionSettings:
+    return SessionSettings(base_dir=Path("."), set_seeds=[1, 2, 3], warmup=0, iters=10, graph=graph, flush="none",
+                           timeout=10.0, checked_calls=checked_calls, target_batch_ms=20.0, min_batches=2,
+                           slot_budget_bytes=1 << 20)
+
+
+def job(graph=False, checked_calls=None, slots=8, device="cpu", definition=None) -> _Job:
+    """A _Job of 3 input sets and `slots` output slots, with stand-ins for the worker and session."""
+    stand_in = object.__new__(_Job)
+    stand_in.settings = settings(graph, checked_calls)
+    stand_in.session = SimpleNamespace(device=device)
+    stand_in.definition = definition
+    stand_in.worker = SimpleNamespace(log_tail=lambda: "the worker's log")
+    stand_in.arena_sets = [{} for _ in range(3)]
+    stand_in.arena_slots = [{} for _ in range(slots)]
+    stand_in.checks = []
+    stand_in.times = _Times()
+    return stand_in
+
+
+def test_calls_rotate_over_the_sets_and_slots_each_with_a_fresh_seed():
+    calls = [job().fresh_call(k) for k in range(10)]
+    assert [c.set for c in calls] == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
+    assert [c.slot for c in calls] == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1]  # every call of a batch has its own slot
+    assert len({c.seed for c in calls}) == 10 and all(c.seed is not None for c in calls)
+
+
+def test_under_graph_replay_a_call_writes_its_sets_slot():
+    """A captured graph writes the slot it was captured with."""
+    assert [job(graph=True).fresh_call(k).slot for k in range(5)] == [0, 1, 2, 0, 1]
+
+
+def test_every_timed_call_can_be_picked():
+    picked = job().pick_checks(batches=3, size=4)
+    assert sorted((b, k) for b, ks in picked.items() for k in ks) == [(b, k) for b in range(3) for k in range(4)]
+
+
+def test_a_number_of_checked_calls_picks_that_many_distinct_calls():
+    picked = job(checked_calls=5).pick_checks(batches=3, size=4)
+    chosen = [(b, k) for b, ks in picked.items() for k in ks]
+    assert len(chosen) == len(set(chosen)) == 5
+    assert all(0 <= b < 3 and 0 <= k < 4 for b, k in chosen)
+    assert sum(len(ks) for ks in job(checked_calls=100).pick_checks(batches=2, size=2).values()) == 4
+
+
+def test_under_graph_replay_only_the_last_call_on_each_set_can_be_picked():
+    picked = job(graph=True).pick_checks(batches=2, size=7)
+    assert {b: sorted(ks) for b, ks in picked.items()} == {0: [4, 5, 6], 1: [4, 5, 6]}
+
+
+def timed(judge_ms, worker_ms, device="cpu") -> _Job:
+    stand_in = job(device=device)
+    size = len(worker_ms) // len(judge_ms)
+    stand_in.times = _Times(judge_ms=judge_ms, worker_ms=worker_ms, batch_sizes=[size] * len(judge_ms))
+    stand_in.checks = [None] * (3 + 1 + 5)  # the untimed checks, then 5 timed calls
+    return stand_in
+
+
+@pytest.mark.parametrize("judge_ms, worker_ms, ranked", [
+    ([2.0, 2.2], [1.0, 1.1, 0.9, 1.0], "judge"),  # the worker's clock reads less: the judge's figure
+    ([0.1, 0.0], [1.0, 1.1, 0.9, 1.0], "worker"),  # the judge's subtraction is noisier than the call
+])
+def test_the_larger_median_is_ranked(judge_ms, worker_ms, ranked):
+    timing = timed(judge_ms, worker_ms).timing()
+    assert timing["clock"]["ranked_clock"] == ranked
+    clocks = timing["clocks"]
+    assert timing["latency_ms"] == max(clocks["judge"]["latency_ms"], clocks["worker"]["latency_ms"])
+    assert timing["clock"]["batches"] == 2 and timing["clock"]["calls_per_batch"] == 2
+    assert timing["clock"]["checked_calls"] == 5
+
+
+def test_on_a_gpu_a_worker_clock_far_below_the_judges_is_rejected():
+    with pytest.raises(_Stop) as stop:
+        timed([2.0, 2.2], [0.01, 0.01, 0.01, 0.01], device="cuda").timing()
+    assert stop.value.outcome.status == "REJECTED" and "clock disagrees" in stop.value.outcome.message
+    assert stop.value.outcome.log == "the worker's log"
+    timed([2.0, 2.2], [0.01, 0.01, 0.01, 0.01], device="cpu").timing()  # on a CPU it is not judged
+
+
+@pytest.mark.parametrize("dtype, poison", [
+    (torch.bfloat16, math.nan), (torch.float32, math.nan), (torch.bool, True),
+    (torch.int32, torch.iinfo(torch.int32).min), (torch.int64, torch.iinfo(torch.int64).min),
+])
+def test_output_slots_are_poisoned_before_a_batch(dtype, poison):
+    tensor = torch.zeros(5, dtype=dtype)
+    _poison(tensor)
+    if isinstance(poison, float) and math.isnan(poison):
+        assert torch.isnan(tensor.float()).all()
+    else:
+        assert (tensor == poison).all()
+
+
+@pytest.fixture(scope="module")
+def definition(repo_copy):
+    return Repo(repo_copy).definition(DEFINITION)
+
+
+def outputs(shift=0.0):
+    generator = torch.Generator().manual_seed(3)
+    return {"output": (torch.randn(2, 16, 512, generator=generator) + shift).to(torch.bfloat16),
+            "lse": torch.randn(2, 16, generator=generator) + shift}
+
+
+def checked(definition, *checks) -> _Job:
+    stand_in = job(definition=definition)
+    stand_in.checks = [_Check(label, got, expected) for label, got, expected in checks]
+    return stand_in
+
+
+def test_the_first_failing_check_is_named(definition):
+    right = outputs()
+    stand_in = checked(definition, *[(f"input set {i}", right, right) for i in range(3)],
+                       ("the repeated call", right, right), ("timed call 3 of 8", outputs(1.0), right),
+                       ("timed call 5 of 8", outputs(2.0), right))
+    verdict = stand_in.check_outputs()
+    assert verdict.status == "INCORRECT_NUMERICAL" and verdict.message.startswith("timed call 3 of 8: output output")
+
+
+def test_the_repeated_call_must_match_the_first(definition):
+    right = outputs()
+    drifted = {"output": right["output"], "lse": right["lse"] + 1e-3}  # within tolerance of the reference
+    stand_in = checked(definition, *[(f"input set {i}", right, right) for i in range(3)],
+                       ("the repeated call", drifted, right))
+    assert stand_in.check_outputs().passed  # within the tolerance: close enough to agree
+    noisy = {"output": right["output"], "lse": right["lse"] + 1.0}
+    stand_in = checked(definition, ("input set 0", right, right), ("input set 1", right, right),
+                       ("input set 2", right, right), ("the repeated call", noisy, noisy))
+    verdict = stand_in.check_outputs()
+    assert verdict.status == "REJECTED" and verdict.message.startswith("outputs change between identical calls")
+
+
+# Reference outputs, in memory only.
+
+class CountingReference:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):
+        self.calls += 1
+        return q_nope.t(), torch.full((4,), float(sm_scale))  # a non-contiguous output
+
+
+def reference_inputs(value: float) -> dict:
+    names = ["q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices"]
+    return {**{name: torch.full((4, 4), value) for name in names}, "sm_scale": value}
+
+
+def test_reference_outputs_are_computed_once_per_key(definition):
+    reference = CountingReference()
+    store = ReferenceStore(definition, reference, budget_bytes=1 << 20)
+    first = store.kept(("w", 1), lambda: reference_inputs(1.0))
+    again = store.kept(("w", 1), lambda: reference_inputs(5.0))
+    assert reference.calls == 1 and again is first
+    assert set(first) == {"output", "lse"} and first["output"].is_contiguous() and first["output"].device.type == "cpu"
+    store.compute(reference_inputs(2.0))  # a timed call's own inputs: computed each time, never kept
+    store.compute(reference_inputs(2.0))
+    assert reference.calls == 3 and list(store._kept) == [("w", 1)]
+
+
+def test_past_the_budget_the_least_recently_used_outputs_go_but_the_newest_stays(definition):
+    reference = CountingReference()
+    one_set = 4 * 4 * 4 + 4 * 4  # bytes of one key's outputs
+    store = ReferenceStore(definition, reference, budget_bytes=2 * one_set)
+    for key in ("a", "b"):
+        store.kept((key,), lambda: reference_inputs(1.0))
+    store.kept(("a",), lambda: reference_inputs(1.0))  # a used again: b is now the least recent
+    store.kept(("c",), lambda: reference_inputs(1.0))
+    assert list(store._kept) == [("a",), ("c",)] and reference.calls == 3
+    store.kept(("b",), lambda: reference_inputs(1.0))  # dropped, so computed again
+    assert reference.calls == 4
+    nothing = ReferenceStore(definition, reference, budget_bytes=0)
+    nothing.kept(("x",), lambda: reference_inputs(1.0))
+    nothing.kept(("y",), lambda: reference_inputs(1.0))
+    assert list(nothing._kept) == [("y",)]  # over any budget, the outputs just computed are kept

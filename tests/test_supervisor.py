@@ -1,0 +1,210 @@
+"""A sandboxed worker seen from the judge (flashbench/run/supervisor.py): every way it can fail to
+answer ends it with one status and a one-line reason (garbage on the reply pipe: REJECTED; killed
+by a signal: CRASHED naming the signal; no answer in time: TIMEOUT), and closing it leaves
+nothing behind: no process, no exchange directory, no log. The workers are real ones
+(flashbench.run.worker in its sandbox); small solutions written by each test misbehave while
+they are imported, which the worker does when asked to build."""
+
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flashbench import Repo
+from flashbench.model import Solution
+from flashbench.run import sandbox
+from flashbench.run.protocol import MAX_FRAME_BYTES, Build, Probe, Ready, Setup
+from flashbench.run.supervisor import LOG_TAIL_BYTES, WorkerGone, WorkerProcess, describe_exit
+
+DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+LEVELS = ["process"] + (["namespaces"] if sandbox._namespaces_problem() is None else [])
+DEFAULT_LEVEL = LEVELS[-1]  # the strongest this machine allows, as a run would use
+DPS_SIGNATURE = "q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, output, lse"
+
+
+@pytest.fixture(scope="module")
+def definition(repo_copy):
+    return Repo(repo_copy).definition(DEFINITION)
+
+
+@pytest.fixture
+def start(definition, tmp_path):
+    """Starts a worker whose solution's module is `source` (its `run` does nothing); ends whatever
+    the test left running."""
+    started = []
+
+    def start(source: str, isolation: str = DEFAULT_LEVEL) -> WorkerProcess:
+        folder = tmp_path / f"solution{len(started)}"
+        folder.mkdir()
+        (folder / "kernel.py").write_text(textwrap.dedent(source) + f"\n\ndef run({DPS_SIGNATURE}):\n    pass\n")
+        solution = Solution(name=folder.name, definition=DEFINITION, author="tests", language="python",
+                            entry_point="kernel.py::run", dependencies=["torch"])
+        setup = Setup(definition=definition, solution=solution, folder=str(folder), device="cpu",
+                      build_dir=str(tmp_path / "build" / folder.name))
+        worker = WorkerProcess.start(setup, isolation, tmp_path / "workers", memory_limit_bytes=None)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.close()
+
+
+def left_in(work_root: Path) -> list[str]:
+    return sorted(p.name for p in work_root.iterdir()) if work_root.exists() else []
+
+
+def running(pid: int | None) -> bool:
+    return pid is not None and sandbox._state(pid) not in (None, "Z")
+
+
+def ended(pid: int | None, patience_s: float = 20.0) -> bool:
+    """Whether `pid` stops running (a SIGKILLed process takes a moment to die)."""
+    deadline = time.monotonic() + patience_s
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not running(pid)
+
+
+# A worker that answers; what close() leaves.
+
+CHATTY = """
+    import os, subprocess, sys
+    print("HOME=" + os.environ["HOME"], "TRITON_INTERPRET=" + os.environ.get("TRITON_INTERPRET", ""))
+    print("x" * 3 * {tail})
+    print("the last line", flush=True)
+    CHILD = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+"""
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_a_worker_answers_and_close_leaves_nothing(start, tmp_path, isolation):
+    worker = start(CHATTY.format(tail=LOG_TAIL_BYTES), isolation)
+    reply, elapsed_ms = worker.timed_ask(Probe(), 120)
+    assert isinstance(reply, Ready) and elapsed_ms > 0
+    assert isinstance(worker.ask(Build(), 60), Ready)
+    assert worker.alive() and worker.exchange_dir.is_dir() and worker.log_path.is_file()
+    assert worker.log_path.parent == worker.exchange_dir.parent == tmp_path / "workers"
+
+    log = worker.log_tail()  # the worker's output, only its tail
+    assert len(log) <= LOG_TAIL_BYTES and log.rstrip().endswith("the last line")
+    whole = worker.log_path.read_text()
+    assert f"HOME={tmp_path / 'build' / 'solution0' / 'home'}" in whole and "TRITON_INTERPRET=1" in whole
+
+    leftovers = worker.leftovers()  # what the solution started and left running
+    assert len(leftovers) == 1 and running(leftovers[0])
+    host_pid = sandbox.worker_pid(worker.process.pid, isolation)
+    worker.close()
+    assert not worker.alive() and ended(host_pid) and ended(leftovers[0])
+    assert left_in(tmp_path / "workers") == []  # no exchange directory, no log
+    worker.close()  # twice is safe
+    assert worker.leftovers() == []
+
+
+# Garbage on the reply pipe.
+
+@pytest.mark.parametrize("garbage, words", [
+    (b"\x05\x00\x00\x00hello", "not a valid reply"),  # a frame that is not JSON
+    ((MAX_FRAME_BYTES + 1).to_bytes(4, "little"), "a frame of"),  # a length past the cap, never read
+])
+def test_garbage_on_the_reply_pipe_is_a_malformed_reply(start, tmp_path, garbage, words):
+    worker = start(f"""
+        import os, sys
+        print("writing garbage", flush=True)
+        os.write(int(sys.argv[2]), {garbage!r})
+    """)
+    assert isinstance(worker.ask(Probe(), 120), Ready)
+    with pytest.raises(WorkerGone) as gone:
+        worker.ask(Build(), 60)
+    assert gone.value.status == "REJECTED"
+    assert gone.value.message.startswith("the worker's reply is malformed") and words in gone.value.message
+    assert "\n" not in gone.value.message
+    assert "writing garbage" in gone.value.log  # the log, taken before the files went
+    assert not worker.alive() and left_in(tmp_path / "workers") == []
+
+
+# Death by a signal.
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_a_worker_that_faults_crashes_naming_the_signal(start, tmp_path, isolation):
+    worker = start("""
+        import ctypes
+        ctypes.string_at(0)  # a real fault: signals a namespace's init sends itself are ignored
+    """, isolation)
+    assert isinstance(worker.ask(Probe(), 120), Ready)
+    with pytest.raises(WorkerGone) as gone:
+        worker.ask(Build(), 60)
+    assert (gone.value.status, gone.value.message) == ("CRASHED", "the worker was killed by SIGSEGV")
+    assert not worker.alive() and left_in(tmp_path / "workers") == []
+
+
+@pytest.mark.parametrize("isolation", [
+    pytest.param(level, marks=pytest.mark.xfail(
+        reason="util-linux unshare (2.38) cannot re-raise SIGKILL on itself: it exits with code 1 "
+               "('sigprocmask unblock failed'), so the judge reads 'exited with code 1'", strict=False))
+    if level == "namespaces" else level
+    for level in LEVELS
+])
+def test_a_worker_killed_from_outside_crashes_naming_the_signal(start, isolation):
+    """SIGKILL is how the OOM killer (or an operator) ends a process."""
+    worker = start("import time\ntime.sleep(600)\n", isolation)
+    assert isinstance(worker.ask(Probe(), 120), Ready)
+    threading.Timer(0.5, os.kill, (sandbox.worker_pid(worker.process.pid, isolation), signal.SIGKILL)).start()
+    with pytest.raises(WorkerGone) as gone:
+        worker.ask(Build(), 120)  # the import sleeps: the reply pipe closes when the worker dies
+    assert (gone.value.status, gone.value.message) == ("CRASHED", "the worker was killed by SIGKILL")
+
+
+# No answer.
+
+def test_a_hang_times_out_and_the_worker_is_ended(start, tmp_path):
+    worker = start("""
+        print("hanging", flush=True)
+        while True:
+            pass
+    """)
+    assert isinstance(worker.ask(Probe(), 120), Ready)
+    host_pid = sandbox.worker_pid(worker.process.pid, worker.isolation)
+    with pytest.raises(WorkerGone) as gone:
+        worker.ask(Build(), 1)
+    assert (gone.value.status, gone.value.message) == ("TIMEOUT", "no answer within 1 s")
+    assert "hanging" in gone.value.log
+    assert not worker.alive() and ended(host_pid)
+    assert left_in(tmp_path / "workers") == []
+
+
+# How an exit reads.
+
+@pytest.mark.parametrize("code, message", [
+    (None, "the worker stopped answering"),
+    (0, "the worker exited with code 0"),
+    (3, "the worker exited with code 3"),
+    (-signal.SIGSEGV, "the worker was killed by SIGSEGV"),
+    (-signal.SIGKILL, "the worker was killed by SIGKILL"),
+    (-200, "the worker was killed by signal 200"),
+])
+def test_describe_exit(code, message):
+    assert describe_exit(code) == message
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_worker_dies_with_the_thread_that_started_it(start, tmp_path):
+    """However the judge ends (killed outright included), its workers end with it: here the thread
+    that started the worker ends while the worker hangs in its import."""
+    workers = []
+
+    def start_and_leave():
+        worker = start("while True:\n    pass\n")
+        worker.channel.send(Build())
+        workers.append(worker)
+
+    thread = threading.Thread(target=start_and_leave)
+    thread.start()
+    thread.join()
+    worker = workers[0]
+    assert worker.process.wait(timeout=30) == -signal.SIGKILL

@@ -143,3 +143,23 @@ def test_commands_without_a_repository(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["list"])
     assert result.exit_code == 2 and "no definitions/ folder" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["run", "--def", "mla_paged_decode", "--bogus"], "No such option '--bogus'. See 'main run --help'."),
+    (["run", "--def", "mla_paged_decode", "--iters", "0"], "Invalid value for '--iters': 0 is not in the range x>=1."),
+    (["run"], "Missing option '--def'. See 'main run --help'."),
+    (["runn"], "No such command 'runn'. Did you mean 'run'? See 'main --help'."),
+    (["--root"], "Option '--root' requires an argument. See 'flashbench --help'."),
+    (["run", "--def", "gqa_paged_decode", "--device", "cpu"], "no definition named 'gqa_paged_decode'"),
+])
+def test_usage_errors_are_one_line_and_exit_2(arguments, message):
+    result = CliRunner().invoke(main, arguments)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ") and message in line and "Usage" not in result.output
+
+
+def test_bare_command_still_shows_the_help():
+    result = CliRunner().invoke(main, [])
+    assert "Commands:" in result.output and "run" in result.output

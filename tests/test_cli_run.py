@@ -5,9 +5,17 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
+from flashbench.calibrate import save_calibration
 from flashbench.cli import main
+from flashbench.cli import run as run_command
+from flashbench.environment import hardware_name
+from flashbench.model import RunReport
+from flashbench.run import RunResult
+from flashbench.traces import trace_path
+from trace_factory import CALIBRATION, make_trace
 
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
 FIXTURES = Path(__file__).parent / "fixtures" / "solutions" / DEFINITION
@@ -47,22 +55,52 @@ def test_run_with_an_unknown_solution_is_one_line_and_exit_2(module_repo, tmp_pa
     assert "Traceback" not in result.output
 
 
-def test_submit_a_correct_solution_copies_it(module_repo):
-    result = invoke(module_repo, "submit", str(FIXTURES / "correct_dps"), *FAST)
+def test_run_exits_1_when_a_pair_fails_and_prints_one_json_document(module_repo, tmp_path):
+    result = invoke(module_repo, "run", "--def", "mla_paged_decode", "--solution", str(FIXTURES / "wrong_values"),
+                    "--workload", "smoke_mixed", "--trace-dir", str(tmp_path), "--json", *FAST)
+    assert result.exit_code == 1, result.output
+    document = json.loads(result.stdout)  # stdout holds the document and nothing else
+    (trace_file,) = tmp_path.glob(f"*/{DEFINITION}.jsonl")
+    assert document["format_version"] == "flashbench.run/1" and document["command"] == "run"
+    assert document["definition"] == DEFINITION and document["devices"] == ["cpu"]
+    assert document["timing_method"] == "host clock" and document["trace_file"] == str(trace_file)
+    assert (document["passed"], document["failed"], document["interrupted"]) == (1, 1, False)
+    reference, wrong = document["results"]
+    assert reference["status"] == "PASSED" and reference["timing"]["method"] == "host clock"
+    assert reference["timing"]["p10_ms"] <= reference["timing"]["latency_ms"] <= reference["timing"]["p90_ms"]
+    assert reference["speedup"] == 1.0 and reference["bytes"] > 0 and reference["floor_ms"] is None
+    assert wrong["status"] == "INCORRECT_NUMERICAL" and wrong["timing"] is None
+    assert wrong["errors"]["output"]["mismatch_fraction"] > 0 and wrong["workload"]["name"] == "smoke_mixed"
+    assert wrong["trace_file"] == str(trace_file)
+    # What is meant for people went to stderr: the line per job, the table, the reason for exit 1.
+    assert "results" in result.stderr and "1 of 2 pair(s) did not pass" in result.stderr
+
+
+def test_submit_a_correct_solution_copies_it_and_records_its_traces(module_repo, tmp_path):
+    result = invoke(module_repo, "submit", str(FIXTURES / "correct_dps"), "--trace-dir", str(tmp_path), "--json", *FAST)
     assert result.exit_code == 0, result.output
     target = module_repo / "solutions" / DEFINITION / "correct_dps"
-    assert f"submitted to solutions/{DEFINITION}/correct_dps" in result.output
+    assert f"submitted to solutions/{DEFINITION}/correct_dps" in result.stderr
     assert sorted(p.name for p in target.iterdir()) == ["kernel.py", "solution.yaml"]
     for name in ("kernel.py", "solution.yaml"):
         assert (target / name).read_bytes() == (FIXTURES / "correct_dps" / name).read_bytes()
-    assert not (module_repo / "traces").exists()  # submit records no traces
+    (trace_file,) = tmp_path.glob(f"*/{DEFINITION}.jsonl")
+    assert sorted(json.loads(line)["solution"] for line in trace_file.read_text().splitlines()) == [
+        "correct_dps", "correct_dps", "reference", "reference"]
+    document = json.loads(result.stdout)
+    assert document["command"] == "submit" and document["submitted_to"] == f"solutions/{DEFINITION}/correct_dps"
+    assert document["trace_file"] == str(trace_file) and document["failed"] == 0
+    assert not (module_repo / "traces").exists()
 
 
-def test_submit_of_wrong_values_exits_2_and_copies_nothing(module_repo):
-    result = invoke(module_repo, "submit", str(FIXTURES / "wrong_values"), *FAST)
-    assert result.exit_code == 2, result.output
-    assert "not submitted: INCORRECT_NUMERICAL" in result.output
+def test_submit_of_wrong_values_exits_1_and_copies_nothing(module_repo, tmp_path):
+    result = invoke(module_repo, "submit", str(FIXTURES / "wrong_values"), "--trace-dir", str(tmp_path), *FAST)
+    assert result.exit_code == 1, result.output
+    (line,) = [line for line in result.stderr.splitlines() if "not submitted" in line]
+    assert "not submitted: INCORRECT_NUMERICAL on smoke_" in line and str(FIXTURES / "wrong_values") in line
     assert not (module_repo / "solutions" / DEFINITION / "wrong_values").exists()
+    (trace_file,) = tmp_path.glob(f"*/{DEFINITION}.jsonl")
+    assert "INCORRECT_NUMERICAL" in trace_file.read_text()  # the failure is recorded too
 
 
 def test_submit_of_an_invalid_folder_exits_2_before_running(module_repo):
@@ -93,3 +131,144 @@ def test_device_options_that_do_not_fit_are_one_line_and_exit_2(module_repo, tmp
     result = invoke(module_repo, "run", "--def", "mla_paged_decode", "--trace-dir", str(tmp_path), *arguments)
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+COMMANDS = {
+    "run": ["run", "--def", "mla_paged_decode"],
+    "submit": ["submit", str(FIXTURES / "correct_dps")],
+    "calibrate": ["calibrate"],
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("device, message", [
+    ("cuda", "--device cuda: no CUDA device is visible; run with --device cpu, or on a machine with a GPU"),
+    ("cuda:7", "--device cuda:7: no CUDA device is visible; run with --device cpu, or on a machine with a GPU"),
+    ("gpu", "--device 'gpu' is not a device flashbench runs on; give cpu, cuda or cuda:N"),
+    ("tpu", "--device 'tpu' is not a device flashbench runs on; give cpu, cuda or cuda:N"),
+    ("cuda:x", "--device 'cuda:x' is not a device flashbench runs on; give cpu, cuda or cuda:N"),
+])
+def test_a_device_this_machine_lacks_is_one_line_and_exit_2(module_repo, tmp_path, monkeypatch, command, device, message):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = invoke(module_repo, *COMMANDS[command], "--device", device, "--trace-dir", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [f"error: {message}"] and result.stdout == ""  # nothing ran
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_gpu_index_past_the_visible_ones_is_one_line_and_exit_2(module_repo, tmp_path, monkeypatch, command):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    result = invoke(module_repo, *COMMANDS[command], "--device", "cuda:7", "--trace-dir", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == ["error: --device cuda:7: no GPU 7, 2 visible; give cuda:0 to cuda:1"]
+
+
+# A Runner standing in for flashbench.run's: it records the given traces through on_result, as the real
+# one does per recorded trace, then returns them, or raises KeyboardInterrupt (a Ctrl-C) instead.
+
+def cpu_trace(solution, workload, status="PASSED", latency_ms=1.0):
+    timing = {"method": "host clock", "warmup": 0, "iters": 2, "l2_flush_bytes": 0}
+    trace = make_trace(solution, workload, latency_ms=latency_ms if status == "PASSED" else None, status=status,
+                       hardware=hardware_name("cpu"), timing=timing, device="cpu", definition=DEFINITION)
+    return trace.model_copy(update={"workload_name": workload, "message": "" if status == "PASSED" else "why"})
+
+
+@pytest.fixture
+def fake_runner(monkeypatch):
+    def install(traces, interrupt=False):
+        class FakeRunner:
+            def __init__(self, repo, definition, options, on_result):
+                self.on_result = on_result
+                self.trace_file = trace_path(options.trace_dir, hardware_name("cpu"), definition, options.timing)
+
+            def candidates(self, folders):
+                return ["reference", *folders]
+
+            def run(self, candidates, workloads, advance):
+                for trace in traces:
+                    self.on_result(trace)
+                    advance()
+                if interrupt:
+                    raise KeyboardInterrupt
+                return RunResult(traces=list(traces), trace_file=self.trace_file, isolation="process")
+
+        monkeypatch.setattr(run_command, "Runner", FakeRunner)
+    return install
+
+
+def run_fake(root, trace_dir, *arguments):
+    return invoke(root, "run", "--def", "mla_paged_decode", "--solution", "reference", "--device", "cpu",
+                  "--trace-dir", str(trace_dir), *arguments)
+
+
+@pytest.mark.parametrize("status, arguments, code", [
+    ("PASSED", [], 0),
+    ("INCORRECT_NUMERICAL", [], 1),
+    ("MISSING_DEPENDENCY", [], 1),  # a run that could not check a solution did not pass
+    ("TIMEOUT", ["--allow-fail"], 0),
+    ("MISSING_DEPENDENCY", ["--allow-fail"], 0),
+])
+def test_exit_codes_of_run(module_repo, tmp_path, fake_runner, status, arguments, code):
+    fake_runner([cpu_trace("reference", "smoke_mixed"), cpu_trace("reference", "smoke_empty_short", status)])
+    result = run_fake(module_repo, tmp_path, *arguments)
+    assert result.exit_code == code, result.output
+    assert ("1 of 2 pair(s) did not pass" in result.stderr) == (code == 1)
+
+
+def test_ctrl_c_summarises_what_finished_and_prints_the_command_that_resumes(module_repo, tmp_path, fake_runner):
+    fake_runner([cpu_trace("reference", "smoke_mixed"), cpu_trace("reference", "smoke_empty_short", "RUNTIME_ERROR")],
+                interrupt=True)
+    result = invoke(module_repo, "run", "--def", "mla_paged_decode", "--solution", "reference", "--workload", "smoke",
+                    "--device", "cpu", "--iters", "3", "--trace-dir", str(tmp_path / "my traces"))
+    assert result.exit_code == 130, result.output
+    rows = result.stdout.split("results", 1)[1]
+    assert "smoke_mixed" in rows and "PASSED" in rows and "smoke_empty_short" in rows and "RUNTIME_ERROR" in rows
+    assert result.stderr.splitlines()[-1] == (
+        "interrupted after 2 finished pair(s); continue with: flashbench --root " + str(module_repo) +
+        f" run --def mla_paged_decode --solution reference --workload smoke --device cpu --iters 3 --trace-dir "
+        f"'{tmp_path / 'my traces'}' --resume")
+    assert "Traceback" not in result.output
+
+
+def test_ctrl_c_with_json_prints_the_partial_document(module_repo, tmp_path, fake_runner):
+    fake_runner([cpu_trace("reference", "smoke_mixed")], interrupt=True)
+    result = run_fake(module_repo, tmp_path, "--json", "--resume")
+    assert result.exit_code == 130, result.output
+    document = json.loads(result.stdout)
+    assert document["interrupted"] is True and [r["workload"]["name"] for r in document["results"]] == ["smoke_mixed"]
+    assert result.stderr.splitlines()[-1].count("--resume") == 1  # given already, not added twice
+
+
+def test_ctrl_c_before_any_pair_ran_exits_130(module_repo, tmp_path, fake_runner, monkeypatch):
+    def interrupted(*arguments):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(run_command, "select_workloads", interrupted)
+    result = run_fake(module_repo, tmp_path)
+    assert result.exit_code == 130 and result.stderr.splitlines() == ["interrupted"]
+
+
+def test_json_floors_come_from_the_calibration(module_repo, tmp_path, fake_runner):
+    save_calibration(CALIBRATION.model_copy(update={"hardware": hardware_name("cpu")}), tmp_path)
+    fake_runner([cpu_trace("reference", "smoke_mixed", latency_ms=4.0)])  # 1e9 bytes at 1e12 B/s: a 1 ms floor
+    result = run_fake(module_repo, tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["calibration"]["memory_bytes_per_s"] == 1e12
+    (pair,) = document["results"]
+    assert pair["floor_ms"] == pytest.approx(1.0) and pair["percent_of_floor"] == pytest.approx(25.0)
+    assert RunReport.model_validate(document).results[0].solution == "reference"  # the model reads its own output
+
+
+def test_the_table_shows_timing_method_and_spread_and_no_rate_from_a_host_clock(module_repo, tmp_path, fake_runner):
+    fake_runner([cpu_trace("reference", "smoke_mixed", latency_ms=0.5)])
+    result = run_fake(module_repo, tmp_path)
+    (row,) = [line for line in result.stdout.split("results", 1)[1].splitlines() if "smoke_mixed" in line]
+    assert "host clock" in row and "500.0–500.0" in row and "—" in row
+    assert "GB/s" not in result.stdout and "TFLOP/s" not in result.stdout
+
+
+def test_rates_from_a_gpu_clock_never_read_as_zero():
+    perf = make_trace("s", "w", latency_ms=1.0, nbytes=2e6, flops=3e6).performance  # 2 GB/s, 0.003 TFLOP/s
+    assert run_command.achieved(perf) == "2 GB/s, 0.003 TFLOP/s"
+    assert run_command.achieved(perf.model_copy(update={"bytes": None, "flops": None})) == "—"

@@ -1,26 +1,34 @@
 """`flashbench run` and `flashbench submit`."""
 
+import contextlib
+import shlex
+import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..calibrate import load_calibration
+from ..environment import hardware_name
 from ..errors import FlashbenchError
+from ..model.run_report import HOST_CLOCK, RunReport
 from ..registry import load_solution_folder
 from ..traces import TIMING_METHODS
-from ..run import RunOptions, Runner, default_device, install_solution, parse_devices, select_solutions, select_workloads
+from ..run import RunOptions, RunResult, Runner, install_solution, parse_devices, select_solutions, select_workloads
 from ..run.recipe import DEFAULT_FLUSH, FLUSH_METHODS
-from . import console, main, repo_from
+from . import INTERRUPTED, console, errors, main, repo_from, resolve_device
 
 STATUS_STYLE = {"PASSED": "green", "MISSING_DEPENDENCY": "yellow"}
+NOT_APPLICABLE = "—"  # a figure that means nothing here (a rate from a host clock): never a 0
 
 
 def run_options(device, warmup, iters, seed, timeout, timing, resume, save, trace_dir,
                 devices=None, backend="local", address=None, flush=DEFAULT_FLUSH, checked_calls=None) -> RunOptions:
     pool = device_pool(device, devices, backend, address)
-    device = pool[0] if pool else device or default_device()
+    device = pool[0] if pool else resolve_device(device)
     on_cpu = device == "cpu"
     return RunOptions(
         device=device, devices=pool, backend=backend, ray_address=address,
@@ -49,22 +57,34 @@ def device_label(options: RunOptions) -> str:
     return devices[0] if len(devices) == 1 else f"{len(devices)} devices ({', '.join(devices)})"
 
 
-def execute(repo, definition_name, folders, workloads, options) -> list:
-    # A terminal shows a progress bar; a log file gets a line per finished job instead, so a long
-    # run written to a file shows where it is.
-    runner = Runner(repo, definition_name, options, on_result=(lambda trace: None) if console.is_terminal else print_trace_line)
+def execute(repo, definition_name, folders, workloads, options) -> tuple[RunResult, bool]:
+    """Every pair, then the summary; on Ctrl-C, the summary of the pairs that finished before it, and True."""
+    finished = []
+
+    def on_result(trace):
+        finished.append(trace)
+        # A log file (not a terminal) gets a line per finished job: a long run written to a file shows where it is.
+        if not console.is_terminal:
+            print_trace_line(trace)
+
+    runner = Runner(repo, definition_name, options, on_result=on_result)
     candidates = runner.candidates(folders)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
-        task = progress.add_task(f"{runner.definition.name} on {device_label(options)}", total=len(candidates) * len(workloads))
-        result = runner.run(candidates, workloads, advance=lambda: progress.advance(task))
-    print_summary(result.traces)
-    console.print(f"workers isolated at level {result.isolation} (docs/threat_model.md)", highlight=False)
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:
+            task = progress.add_task(f"{definition_name} on {device_label(options)}", total=len(candidates) * len(workloads))
+            result, interrupted = runner.run(candidates, workloads, advance=lambda: progress.advance(task)), False
+    except KeyboardInterrupt:
+        result, interrupted = RunResult(traces=finished, trace_file=runner.trace_file), True
+    if result.traces:
+        print_summary(result.traces)
+    if result.isolation:
+        console.print(f"workers isolated at level {result.isolation} (docs/threat_model.md)", highlight=False)
     if result.skipped:
         console.print(f"{result.skipped} pair(s) already recorded were skipped (--resume)")
     if options.save:
         console.print(f"traces: {result.trace_file}", highlight=False)
-    return result.traces
+    return result, interrupted
 
 
 def print_trace_line(trace) -> None:
@@ -76,28 +96,82 @@ def print_trace_line(trace) -> None:
 
 
 def print_summary(traces) -> None:
-    table = Table("solution", "workload", "status", "latency", "speedup", "achieved", title="results")
+    table = Table("solution", "workload", "status", "latency", "p10–p90 µs", "speedup", "achieved", "timing",
+                  title="results")
     for trace in traces:
         perf = trace.performance
-        style = STATUS_STYLE.get(trace.status, "red")
-        latency = f"{perf.latency_ms * 1e3:.1f} µs" if perf else ""
-        speedup = f"{perf.speedup:.2f}x" if perf and perf.speedup else ""
-        achieved = _achieved(perf) if perf else ""
-        status = f"[{style}]{trace.status}[/]"
+        status = f"[{STATUS_STYLE.get(trace.status, 'red')}]{trace.status}[/]"
         if trace.message and trace.status != "PASSED":
             status += f" {escape(trace.message[:80])}"
-        table.add_row(trace.solution, trace.workload_name or trace.workload[:8], status, latency, speedup, achieved)
+        measured = ["", "", "", "", ""]
+        if perf:
+            measured = [f"{perf.latency_ms * 1e3:.1f} µs", f"{perf.p10_ms * 1e3:.1f}–{perf.p90_ms * 1e3:.1f}",
+                        f"{perf.speedup:.2f}x" if perf.speedup else NOT_APPLICABLE, achieved(perf),
+                        perf.timing.get("method", "")]
+        table.add_row(trace.solution, trace.workload_name or trace.workload[:8], status, *measured)
     console.print(table)
 
 
-def _achieved(perf) -> str:
+def achieved(perf) -> str:
+    """GB/s and TFLOP/s from the cost model; none from a CPU's host clock, where a rate means nothing."""
+    if perf.timing.get("method") == HOST_CLOCK or not (perf.bytes or perf.flops):
+        return NOT_APPLICABLE
     seconds = perf.latency_ms / 1e3
     parts = []
     if perf.bytes:
-        parts.append(f"{perf.bytes / seconds / 1e9:.0f} GB/s")
+        parts.append(f"{rate(perf.bytes / seconds / 1e9)} GB/s")
     if perf.flops:
-        parts.append(f"{perf.flops / seconds / 1e12:.1f} TFLOP/s")
+        parts.append(f"{rate(perf.flops / seconds / 1e12)} TFLOP/s")
     return ", ".join(parts)
+
+
+def rate(value: float) -> str:
+    """Whole numbers from 10 up; two significant digits below, so a small rate never reads as 0."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def run_report(command, repo, definition_name, options, result, interrupted, submitted_to=None) -> RunReport:
+    hardware = hardware_name(options.device)
+    calibration = load_calibration(options.trace_dir or repo.root / "traces", hardware)
+    return RunReport.from_traces(
+        result.traces, calibration, str(result.trace_file) if options.save else None,
+        command=command, definition=definition_name, hardware=hardware, devices=options.devices or [options.device],
+        backend=options.backend, timing_method=options.timing if options.on_gpu else HOST_CLOCK,
+        isolation=result.isolation or None, interrupted=interrupted, skipped=result.skipped,
+        submitted_to=submitted_to,
+    )
+
+
+def human_output(as_json: bool):
+    """With --json, stdout carries the one document: what is meant for people (progress, tables, and
+    any stray print) goes to stderr instead."""
+    return contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+
+
+def given_arguments(ctx: click.Context) -> list[str]:
+    """The options a command line gave this context, as words of a command line."""
+    words = []
+    for param in ctx.command.params:
+        if ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params[param.name]
+        if param.is_flag:
+            words.append(param.opts[0])
+        else:
+            for one in value if param.multiple else [value]:
+                words += [param.opts[0], str(one)]
+    return words
+
+
+def resume_command(ctx: click.Context) -> str:
+    """The command line that continues an interrupted run: the one given, with --resume."""
+    words = ["flashbench", *given_arguments(ctx.parent), ctx.info_name, *given_arguments(ctx)]
+    return shlex.join(words if "--resume" in words else words + ["--resume"])
+
+
+def stop_interrupted(ctx: click.Context, finished: int, next_step: str) -> None:
+    errors.print(f"interrupted after {finished} finished pair(s); {next_step}", highlight=False, soft_wrap=True)
+    ctx.exit(INTERRUPTED)
 
 
 def timing_options(func):
@@ -121,6 +195,12 @@ def timing_options(func):
     return func
 
 
+json_option = click.option(
+    "--json", "as_json", is_flag=True,
+    help="Print one JSON document on stdout (format flashbench.run/1, described in the README); "
+         "progress and tables go to stderr.")
+
+
 @main.command()
 @click.option("--def", "definition", required=True, help="Definition name or unique prefix.")
 @click.option("--solution", "solutions", multiple=True, help="Solution name or folder (repeatable; default: all; 'reference' alone: only the reference).")
@@ -132,38 +212,88 @@ def timing_options(func):
 @click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: worker processes on this machine; ray: one Ray task per job, each holding a GPU.")
 @click.option("--address", default=None, help="With --backend ray: the cluster to join (default: a local Ray instance).")
-@click.option("--resume", is_flag=True, help="Skip pairs already recorded for the same solution content and hardware.")
+@click.option("--resume", is_flag=True,
+              help="Skip pairs already recorded for the same solution content and hardware (outcomes of a missing "
+                   "package, GPU or compiler run again).")
 @click.option("--no-save", is_flag=True, help="Do not write traces.")
 @click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default: traces/ in the repo.")
+@click.option("--allow-fail", is_flag=True,
+              help="Exit 0 even when a pair did not pass (its status is shown and recorded all the same).")
+@json_option
 @click.pass_context
 def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, flush, checked_calls, timeout, timing,
-        devices, backend, address, resume, no_save, trace_dir):
-    """Check and time solutions of a definition on its workloads; record traces."""
+        devices, backend, address, resume, no_save, trace_dir, allow_fail, as_json):
+    """Check and time solutions of a definition on its workloads; record traces.
+
+    \b
+    Exit codes:
+      0    every pair that ran passed (or --allow-fail)
+      1    a pair did not pass: any status but PASSED, MISSING_DEPENDENCY included
+      2    bad input: unknown definition, solution or workload, flags that do not fit, no such device
+      130  interrupted (Ctrl-C): what finished is summarised, with the command that continues (--resume)
+    """
     repo = repo_from(ctx)
     name = repo.resolve(definition)
     options = run_options(device, warmup, iters, seed, timeout, timing, resume, not no_save, trace_dir,
                           devices, backend, address, flush, checked_calls)
-    execute(repo, name, select_solutions(repo, name, list(solutions)), select_workloads(repo, name, list(workloads), options.device), options)
+    folders = select_solutions(repo, name, list(solutions))
+    chosen = select_workloads(repo, name, list(workloads), options.device)
+    with human_output(as_json):
+        result, interrupted = execute(repo, name, folders, chosen, options)
+    if as_json:
+        click.echo(run_report("run", repo, name, options, result, interrupted).model_dump_json(indent=2))
+    if interrupted:
+        stop_interrupted(ctx, len(result.traces), f"continue with: {resume_command(ctx)}" if options.save
+                         else "nothing was saved (--no-save)")
+    failed = [t for t in result.traces if t.status != "PASSED"]
+    if failed and not allow_fail:
+        errors.print(f"{len(failed)} of {len(result.traces)} pair(s) did not pass (exit 1; --allow-fail exits 0)",
+                     highlight=False)
+        ctx.exit(1)
 
 
 @main.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @timing_options
+@click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default: traces/ in the repo.")
+@json_option
 @click.pass_context
-def submit(ctx, path, device, warmup, iters, seed, flush, checked_calls, timeout, timing):
-    """Validate a solution folder, run it on the smoke workloads, and copy it into solutions/."""
+def submit(ctx, path, device, warmup, iters, seed, flush, checked_calls, timeout, timing, trace_dir, as_json):
+    """Validate a solution folder, run it on the smoke workloads (recording traces as run does), and copy
+    it into solutions/ if it passed on every one.
+
+    \b
+    Exit codes:
+      0    submitted
+      1    not submitted: the solution did not pass a workload
+      2    bad input: an invalid folder, an unknown definition, no such device
+      130  interrupted (Ctrl-C): nothing is submitted
+    """
     from ..validate import validate
 
+    options = run_options(device, warmup, iters, seed, timeout, timing, False, True, trace_dir,
+                          flush=flush, checked_calls=checked_calls)
     repo = repo_from(ctx)
     problems = [c.error for c in validate(repo, [path.resolve()]) if not c.ok]
     if problems:
         raise FlashbenchError(problems[0])
     folder = load_solution_folder(path.resolve())
     name = repo.resolve(folder.solution.definition)
-    options = run_options(device, warmup, iters, seed, timeout, timing, False, False, None,
-                          flush=flush, checked_calls=checked_calls)
-    traces = execute(repo, name, [folder], select_workloads(repo, name, ["smoke"], options.device), options)
-    failed = [t for t in traces if t.solution == folder.solution.name and t.status != "PASSED"]
+    with human_output(as_json):
+        result, interrupted = execute(repo, name, [folder], select_workloads(repo, name, ["smoke"], options.device), options)
+        failed = [t for t in result.traces if t.solution == folder.solution.name and t.status != "PASSED"]
+        submitted_to = None
+        if not (interrupted or failed):
+            submitted_to = install_solution(repo, path.resolve()).relative_to(repo.root)
+            console.print(f"submitted to {submitted_to}", highlight=False)
+    if as_json:
+        click.echo(run_report("submit", repo, name, options, result, interrupted,
+                              str(submitted_to) if submitted_to else None).model_dump_json(indent=2))
+    if interrupted:
+        stop_interrupted(ctx, len(result.traces), "nothing was submitted")
     if failed:
-        raise FlashbenchError(f"not submitted: {failed[0].status} on {failed[0].workload_name}: {failed[0].message}", path)
-    console.print(f"submitted to {install_solution(repo, path.resolve()).relative_to(repo.root)}", highlight=False)
+        first = failed[0]
+        reason = first.message.partition("\n")[0]  # one line, however long the build log
+        errors.print(f"{path}: not submitted: {first.status} on {first.workload_name}: {escape(reason)}",
+                     highlight=False, soft_wrap=True)
+        ctx.exit(1)

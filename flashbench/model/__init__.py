@@ -17,3 +17,7 @@ __all__ += ["REFERENCE", "OutputError", "Performance", "Status", "Trace"]
 from .calibration import Calibration  # noqa: E402
 
 __all__ += ["Calibration"]
+
+from .run_report import RUN_REPORT_FORMAT, PairResult, RunReport  # noqa: E402
+
+__all__ += ["RUN_REPORT_FORMAT", "PairResult", "RunReport"]

@@ -29,12 +29,9 @@ def derive_seed(*parts: object) -> int:
 
 def generate_inputs(
     definition: Definition, workload: Workload, seed: int, device: str = "cpu", base_dir: Path = Path("."),
-    variant: int = 0,
 ) -> dict[str, Any]:
     """Every input of `workload` on `device`, checked against the definition's shapes and constraints.
-
-    `variant` > 0 redraws the random inputs alone (same shapes, same index structure): the timing
-    loop gives every call fresh data this way, so no cache of earlier outputs can answer it."""
+    Timed calls redraw parts of the random inputs in place (draw_windows, write_window)."""
     inputs, axes = structured_inputs(workload, device)
     both = sorted(set(inputs) & set(workload.inputs))
     if both:
@@ -53,7 +50,7 @@ def generate_inputs(
             if spec.shape is None:
                 raise BindingError(f"input {name} is a scalar; give it as {{type: scalar, value: ...}}")
             shape = _concrete_shape(name, spec.shape, axes)
-            inputs[name] = random_tensor(descriptor, shape, spec.dtype, random_seed(seed, workload, name, variant), device)
+            inputs[name] = random_tensor(descriptor, shape, spec.dtype, random_seed(seed, workload, name), device)
     bound = bind_axes(definition, inputs)
     for axis, value in workload.axes.items():
         if bound.get(axis) != value:
@@ -61,8 +58,8 @@ def generate_inputs(
     return inputs
 
 
-def random_seed(seed: int, workload: Workload, name: str, variant: int) -> int:
-    return derive_seed(seed, workload.uuid, name, *([variant] if variant else []))
+def random_seed(seed: int, workload: Workload, name: str) -> int:
+    return derive_seed(seed, workload.uuid, name)
 
 
 def random_inputs(definition: Definition, workload: Workload) -> list[str]:

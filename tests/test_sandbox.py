@@ -125,6 +125,12 @@ PROBE = textwrap.dedent(r'''
         started.stdout.readline()
 
 
+    def interpreter():
+        """Where this interpreter lives, and whether it can start itself again."""
+        again = subprocess.run([sys.executable, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True)
+        return {"prefix": sys.prefix, "again": again.stdout.strip()}
+
+
     DAEMON = """
     import os, sys, time
     if os.fork():
@@ -349,6 +355,19 @@ def test_the_remount_fallback_makes_the_same_tree(probe_dir, namespaces, host_di
 
 
 # Both levels.
+
+def test_an_interpreter_installed_under_tmp_still_runs_in_the_sandbox(probe_dir, namespaces, tmp_path):
+    """A virtual environment under /tmp (as CI makes one) is bound back, so the worker starts and can run
+    its own interpreter again."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    argv = command("namespaces", sandbox.SandboxSpec(), "interpreter")
+    argv[argv.index(sys.executable)] = str(venv / "bin" / "python")
+    done = subprocess.run(argv, env=environment(probe_dir), capture_output=True, text=True, timeout=LIFETIME_S,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"prefix": str(venv), "again": str(venv)}
+
 
 def test_a_child_left_running_is_listed_and_ended(probe_dir, isolation):
     tag = uuid.uuid4().hex

@@ -218,8 +218,11 @@ def _open_binds(spec: SandboxSpec) -> list[tuple[str, int, bool]]:
 
 
 def _import_paths() -> list[str]:
-    """The directories on sys.path: the worker must still import what this interpreter could."""
-    return [path for path in sys.path if path and os.path.isdir(path)]
+    """The interpreter's installation (a virtual environment may lie under /tmp) and the directories on
+    sys.path: the worker must still start, and import, and run `sys.executable`, as this interpreter could."""
+    installation = (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
+                    os.path.dirname(sys.executable))
+    return [path for path in (*installation, *sys.path) if path and os.path.isdir(path)]
 
 
 def _covered(path: str) -> bool:

@@ -33,8 +33,10 @@ def test_run_prints_the_summary_and_records_traces(module_repo, tmp_path):
     assert result.exit_code == 0, result.output
     assert "results" in result.output
     progress, table = result.output.split("results", 1)
-    # Not a terminal: a line per finished job as it ends, then the summary table.
-    assert sorted(line.split()[:3] for line in progress.splitlines() if line.strip()) == sorted(
+    # Not a terminal: a line as each candidate starts its build, a line per finished job, then the summary table.
+    lines = [line for line in progress.splitlines() if line.strip()]
+    assert [line for line in lines if "building" in line] == ["reference: building", "correct_dps: building"]
+    assert sorted(line.split()[:3] for line in lines if "building" not in line) == sorted(
         [name, workload, "PASSED"] for name in ("reference", "correct_dps") for workload in ("smoke_empty_short", "smoke_mixed"))
     rows = [line for line in table.splitlines() if "PASSED" in line]
     assert len(rows) == 4  # reference and correct_dps on both smoke workloads
@@ -176,7 +178,7 @@ def cpu_trace(solution, workload, status="PASSED", latency_ms=1.0):
 
 @pytest.fixture
 def fake_runner(monkeypatch):
-    def install(traces, interrupt=False):
+    def install(traces, interrupt=False, skipped=()):
         class FakeRunner:
             def __init__(self, repo, definition, options, on_result):
                 self.on_result = on_result
@@ -185,13 +187,14 @@ def fake_runner(monkeypatch):
             def candidates(self, folders):
                 return ["reference", *folders]
 
-            def run(self, candidates, workloads, advance):
+            def run(self, candidates, workloads, advance, on_phase):
                 for trace in traces:
                     self.on_result(trace)
                     advance()
                 if interrupt:
                     raise KeyboardInterrupt
-                return RunResult(traces=list(traces), trace_file=self.trace_file, isolation="process")
+                return RunResult(traces=list(traces), trace_file=self.trace_file, isolation="process",
+                                 skipped=list(skipped))
 
         monkeypatch.setattr(run_command, "Runner", FakeRunner)
     return install
@@ -214,6 +217,16 @@ def test_exit_codes_of_run(module_repo, tmp_path, fake_runner, status, arguments
     result = run_fake(module_repo, tmp_path, *arguments)
     assert result.exit_code == code, result.output
     assert ("1 of 2 pair(s) did not pass" in result.stderr) == (code == 1)
+
+
+def test_a_failure_skipped_by_resume_still_fails_the_run(module_repo, tmp_path, fake_runner):
+    fake_runner([cpu_trace("reference", "smoke_mixed")], skipped=[cpu_trace("reference", "smoke_empty_short", "TIMEOUT")])
+    result = run_fake(module_repo, tmp_path, "--resume", "--json")
+    assert result.exit_code == 1
+    assert "1 of 2 pair(s) did not pass (1 recorded before this run, --resume)" in result.stderr
+    assert "1 pair(s) already recorded were skipped (--resume), 1 of them not PASSED" in result.stderr
+    report = json.loads(result.stdout)
+    assert (report["skipped"], report["skipped_failed"], report["passed"]) == (1, 1, 1)
 
 
 def test_ctrl_c_summarises_what_finished_and_prints_the_command_that_resumes(module_repo, tmp_path, fake_runner):

@@ -11,7 +11,7 @@ import torch
 
 from flashbench import Repo
 from flashbench.run.judge.clock import (AGREEMENT_SHARE, BASELINE_REPEATS, SLACK_MS, Baseline, disagreement,
-                                        per_call_ms, summarize)
+                                        judge_per_call_ms, per_call_ms, summarize)
 from flashbench.run.judge.inputs import JobInputs
 from flashbench.run.protocol import Batch, Call
 
@@ -81,6 +81,13 @@ def test_per_call_time_subtracts_the_baseline_and_divides_by_the_calls():
 def test_a_batch_faster_than_its_baseline_counts_as_no_time():
     """Host noise can make the baseline read longer than the batch: never a negative time."""
     assert per_call_ms(9.0, 10.0, 4) == 0.0
+
+
+def test_a_baseline_slowed_by_load_does_not_take_the_solutions_time():
+    """Batches of 2 calls of 10 ms each with 1 ms of harness steps per call; one baseline stalled by
+    other load reads 21 ms: the job's cheapest harness cost per call is subtracted from every batch."""
+    per_call = judge_per_call_ms([22.0, 22.0, 22.0], [2.0, 21.0, 2.5], [2, 2, 2])
+    assert per_call == pytest.approx([10.0, 10.0, 10.0])
 
 
 # disagreement: the worker's own clock against the judge's.

@@ -29,14 +29,15 @@ FIXTURES = Path(__file__).parent / "fixtures" / "solutions" / DEFINITION
 SMOKE = ["smoke_empty_short", "smoke_mixed"]
 
 
-def run_solutions(repo_root, cache, tmp, paths, timeout=30.0, workloads=(), reference=False, **options):
+def run_solutions(repo_root, cache, tmp, paths, timeout=30.0, workloads=(), reference=False, on_phase=None, **options):
     """Run solution folders through the Python API; the reference candidate only when asked for."""
     repo = Repo(repo_root)
     run_options = RunOptions(device="cpu", iters=2, warmup=0, timeout=timeout, trace_dir=tmp / "traces",
                              cache_dir=cache, **options)
     runner = Runner(repo, DEFINITION, run_options)
     candidates = runner.candidates(select_solutions(repo, DEFINITION, [str(p) for p in paths]))
-    return runner.run(candidates if reference else candidates[1:], select_workloads(repo, DEFINITION, list(workloads), "cpu"))
+    return runner.run(candidates if reference else candidates[1:], select_workloads(repo, DEFINITION, list(workloads), "cpu"),
+                      on_phase=on_phase or (lambda job, phase: None))
 
 
 # One run over most of the corpus; a correct solution comes last, after every failure.
@@ -86,7 +87,7 @@ def test_every_pair_is_recorded_in_order(corpus_run):
     lines = result.trace_file.read_text().splitlines()
     assert [json.loads(line)["status"] for line in lines] == [t.status for t in result.traces]
     assert {json.loads(line)["isolation"] for line in lines} == {result.isolation}
-    assert result.untrusted_files == [] and result.skipped == 0
+    assert result.untrusted_files == [] and result.skipped == []
 
 
 def test_no_worker_files_outlive_the_run(corpus_run):
@@ -149,12 +150,18 @@ def test_correct_solution_after_the_failures_passes_and_is_timed(corpus_run):
 
 
 def test_hang_times_out_and_the_run_goes_on(repo_copy, shared_cache, tmp_path):
+    phases = []
     result = run_solutions(repo_copy, shared_cache, tmp_path, [FIXTURES / "hang", FIXTURES / "correct_dps"],
-                           timeout=10, workloads=["smoke_mixed"])
+                           timeout=10, workloads=["smoke_mixed"],
+                           on_phase=lambda job, phase: phases.append((job.candidate.solution.name, phase)))
     hang, correct = result.traces
     assert (hang.solution, hang.status, hang.message) == ("hang", "TIMEOUT", "no answer within 10 s")
     assert "hang: looping forever" in hang.log
     assert (correct.solution, correct.status) == ("correct_dps", "PASSED")
+    # Progress displays learn which pair is in which phase; the hang never got past its first calls.
+    assert phases == [("hang", "build"), ("hang", "reference"), ("hang", "check"),
+                      ("correct_dps", "build"), ("correct_dps", "reference"), ("correct_dps", "check"),
+                      ("correct_dps", "time")]
 
 
 def test_reference_outputs_past_the_memory_budget_are_dropped_and_computed_again(repo_copy, shared_cache, tmp_path,

@@ -214,7 +214,8 @@ def test_under_graph_replay_only_the_last_call_on_each_set_can_be_picked():
 def timed(judge_ms, worker_ms, device="cpu") -> _Job:
     stand_in = job(device=device)
     size = len(worker_ms) // len(judge_ms)
-    stand_in.times = _Times(judge_ms=judge_ms, worker_ms=worker_ms, batch_sizes=[size] * len(judge_ms))
+    stand_in.times = _Times(batch_ms=[ms * size for ms in judge_ms], baseline_ms=[0.0] * len(judge_ms),
+                            batch_sizes=[size] * len(judge_ms), worker_ms=worker_ms)
     stand_in.checks = [None] * (3 + 1 + 5)  # the untimed checks, then 5 timed calls
     return stand_in
 
@@ -277,6 +278,17 @@ def test_the_first_failing_check_is_named(definition):
                        ("timed call 5 of 8", outputs(2.0), right))
     verdict = stand_in.check_outputs()
     assert verdict.status == "INCORRECT_NUMERICAL" and verdict.message.startswith("timed call 3 of 8: output output")
+
+
+def test_a_pass_records_the_worst_error_of_any_checked_call(definition):
+    right = outputs()
+    close = {"output": right["output"], "lse": right["lse"] + 1e-3}  # within the tolerance
+    stand_in = checked(definition, *[(f"input set {i}", right, right) for i in range(3)],
+                       ("the repeated call", right, right), ("timed call 2 of 8", close, right))
+    verdict = stand_in.check_outputs()
+    assert verdict.passed
+    assert verdict.errors["lse"].max_abs_error == pytest.approx(1e-3, rel=1e-2)  # not the first call's 0
+    assert verdict.errors["output"].max_abs_error == 0.0
 
 
 def test_the_repeated_call_must_match_the_first(definition):

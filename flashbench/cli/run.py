@@ -3,12 +3,14 @@
 import contextlib
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 from rich.table import Table
 
 from ..calibrate import load_calibration
@@ -71,9 +73,18 @@ def execute(repo, definition_name, folders, workloads, options) -> tuple[RunResu
     candidates = runner.candidates(folders)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as progress:
-            task = progress.add_task(f"{definition_name} on {device_label(options)}", total=len(candidates) * len(workloads))
-            result, interrupted = runner.run(candidates, workloads, advance=lambda: progress.advance(task)), False
+                      TextColumn("{task.fields[doing]}"), PhaseClock(), console=console, transient=True) as progress:
+            task = progress.add_task(f"{definition_name} on {device_label(options)}", total=len(candidates) * len(workloads),
+                                     doing="", since=None)
+
+            def on_phase(job, phase):
+                progress.update(task, doing=f"{job.candidate.solution.name} · {workload_label(job.workload)} · {phase}",
+                                since=time.monotonic())
+                if phase == "build" and not console.is_terminal:  # a log file shows why nothing ends for a while
+                    console.print(f"{job.candidate.solution.name}: building", highlight=False)
+
+            result = runner.run(candidates, workloads, advance=lambda: progress.advance(task), on_phase=on_phase)
+            interrupted = False
     except KeyboardInterrupt:
         result, interrupted = RunResult(traces=finished, trace_file=runner.trace_file), True
     if result.traces:
@@ -81,10 +92,24 @@ def execute(repo, definition_name, folders, workloads, options) -> tuple[RunResu
     if result.isolation:
         console.print(f"workers isolated at level {result.isolation} (docs/threat_model.md)", highlight=False)
     if result.skipped:
-        console.print(f"{result.skipped} pair(s) already recorded were skipped (--resume)")
+        failed = sum(t.status != "PASSED" for t in result.skipped)
+        console.print(f"{len(result.skipped)} pair(s) already recorded were skipped (--resume)"
+                      + (f", {failed} of them not PASSED" if failed else ""), highlight=False)
     if options.save:
         console.print(f"traces: {result.trace_file}", highlight=False)
     return result, interrupted
+
+
+class PhaseClock(ProgressColumn):
+    """How long the current phase has lasted: a long build or reference shows it is not a hang."""
+
+    def render(self, task) -> Text:
+        since = task.fields.get("since")
+        return Text("" if since is None else f"{time.monotonic() - since:.0f} s", style="progress.elapsed")
+
+
+def workload_label(workload) -> str:
+    return workload.name or workload.uuid[:8]
 
 
 def print_trace_line(trace) -> None:
@@ -137,7 +162,8 @@ def run_report(command, repo, definition_name, options, result, interrupted, sub
         result.traces, calibration, str(result.trace_file) if options.save else None,
         command=command, definition=definition_name, hardware=hardware, devices=options.devices or [options.device],
         backend=options.backend, timing_method=options.timing if options.on_gpu else HOST_CLOCK,
-        isolation=result.isolation or None, interrupted=interrupted, skipped=result.skipped,
+        isolation=result.isolation or None, interrupted=interrupted,
+        skipped=len(result.skipped), skipped_failed=sum(t.status != "PASSED" for t in result.skipped),
         submitted_to=submitted_to,
     )
 
@@ -227,8 +253,9 @@ def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, flus
 
     \b
     Exit codes:
-      0    every pair that ran passed (or --allow-fail)
-      1    a pair did not pass: any status but PASSED, MISSING_DEPENDENCY included
+      0    every pair passed (or --allow-fail)
+      1    a pair did not pass: any status but PASSED, MISSING_DEPENDENCY included; with
+           --resume, pairs recorded before and skipped count with their recorded status
       2    bad input: unknown definition, solution or workload, flags that do not fit, no such device
       130  interrupted (Ctrl-C): what finished is summarised, with the command that continues (--resume)
     """
@@ -245,10 +272,14 @@ def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, flus
     if interrupted:
         stop_interrupted(ctx, len(result.traces), f"continue with: {resume_command(ctx)}" if options.save
                          else "nothing was saved (--no-save)")
-    failed = [t for t in result.traces if t.status != "PASSED"]
+    # A resumed run answers for the pairs it skipped too: their recorded outcome is this run's.
+    pairs = [*result.skipped, *result.traces]
+    failed = [t for t in pairs if t.status != "PASSED"]
     if failed and not allow_fail:
-        errors.print(f"{len(failed)} of {len(result.traces)} pair(s) did not pass (exit 1; --allow-fail exits 0)",
-                     highlight=False)
+        earlier = sum(t.status != "PASSED" for t in result.skipped)
+        errors.print(f"{len(failed)} of {len(pairs)} pair(s) did not pass"
+                     + (f" ({earlier} recorded before this run, --resume)" if earlier else "")
+                     + " (exit 1; --allow-fail exits 0)", highlight=False)
         ctx.exit(1)
 
 

@@ -90,6 +90,8 @@ class RunReport(BaseModel):
     passed: int
     failed: int = Field(description="pairs with any status but PASSED")
     skipped: int = Field(description="pairs already recorded, not run again (--resume); not in results")
+    skipped_failed: int = Field(0, description="of the skipped pairs, those recorded with any status but PASSED: "
+                                               "they make the exit code 1 like failures of this run")
     submitted_to: str | None = Field(None, description="submit: the folder the solution was copied to; "
                                                        "null when it was not (and for run)")
     results: list[PairResult]

@@ -6,6 +6,7 @@ it crosses to the Ray driver as JSON).
 """
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from .session import JobOutcome, Session, SessionSettings
 from .supervisor import WorkerGone, WorkerProcess
 
 DEVICE_CHECK_TIMEOUT_S = 120.0  # the worker's start and its device check; no solution code runs yet
+PHASES = ("build", "reference", "check", "time")  # what a job is doing, in order, for progress displays
 
 
 class DeviceUnusable(Exception):
@@ -54,8 +56,9 @@ class JudgeConfig:
 
 
 class JobJudge:
-    def __init__(self, config: JudgeConfig):
+    def __init__(self, config: JudgeConfig, on_phase: Callable[[Job, str], None] = lambda job, phase: None):
         self.config = config
+        self.on_phase = on_phase  # told, from the device's thread, when a job enters one of PHASES
         self.definition = config.definition
         self.options = config.options
         self._references: ReferenceStore | None = None
@@ -121,7 +124,8 @@ class JobJudge:
         return None
 
     def run(self, worker: WorkerProcess, job: Job, device: str) -> JobOutcome:
-        session = Session(self.settings(job.candidate, device), self.references, self.flush(device), device)
+        session = Session(self.settings(job.candidate, device), self.references, self.flush(device), device,
+                          on_phase=lambda phase: self.on_phase(job, phase))
         return session.run(worker, job.workload, job.candidate.solution.destination_passing_style)
 
     def settings(self, candidate: Candidate, device: str) -> SessionSettings:

@@ -70,10 +70,12 @@ class Lane:
             self.candidate = job.candidate
         failure = self.judge.known_failure(job.candidate)
         if failure is None and self.worker is None:
+            self.judge.on_phase(job, "build")
             self.worker = self._start(job.candidate)
             failure = self.judge.known_failure(job.candidate)
         if failure is not None:
             return failure
+        self.judge.on_phase(job, "reference")
         self.settle_references(job.workload)
         if self.worker is None:  # ended to free the device for the references
             self.worker = self._start(job.candidate)

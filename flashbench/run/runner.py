@@ -38,7 +38,7 @@ BACKENDS = ("local", "ray")
 class RunResult:
     traces: list[Trace] = field(default_factory=list)
     trace_file: Path | None = None
-    skipped: int = 0
+    skipped: list[Trace] = field(default_factory=list)  # recorded before and not run again (--resume)
     isolation: str = ""
     untrusted_files: list[Path] = field(default_factory=list)
 
@@ -68,12 +68,14 @@ class Runner:
     def candidates(self, folders: list[SolutionFolder]) -> list[Candidate]:
         return candidates(self.repo, self.definition, folders, self.cache_dir)
 
-    def run(self, chosen: list[Candidate], workloads: list[Workload], advance: Callable[[], None] = lambda: None) -> RunResult:
+    def run(self, chosen: list[Candidate], workloads: list[Workload], advance: Callable[[], None] = lambda: None,
+            on_phase: Callable[[Job, str], None] = lambda job, phase: None) -> RunResult:
         """Every (candidate, workload) job. The reference's jobs run first (across the pool) and
-        the others only once those are recorded, so every speedup has its reference latency."""
+        the others only once those are recorded, so every speedup has its reference latency.
+        `advance` is called as each pair ends, `on_phase` as a job enters a phase (jobs.PHASES)."""
         config = JudgeConfig.for_run(self.definition, self.repo.root, self.repo.definition_path(self.definition.name),
                                      self.options, self.hardware)
-        judge = JobJudge(config)
+        judge = JobJudge(config, on_phase)
         recorder = TraceRecorder(self.trace_file, self.trace_dir, self.options.save)
         recorder.open()
         calibration = load_calibration(self.trace_dir, self.hardware)
@@ -112,7 +114,7 @@ class Runner:
             for workload in workloads:
                 previous = done.get((candidate.hash, workload.uuid))
                 if previous is not None and settled(previous):
-                    result.skipped += 1
+                    result.skipped.append(previous)
                     self._remember(previous)
                     advance()
                 else:

@@ -25,6 +25,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 ISOLATION_LEVELS = ("namespaces", "process")  # strongest first
@@ -414,6 +415,8 @@ def end_sandbox(process: subprocess.Popen, isolation: str) -> None:
         _kill(process.pid, group=True)
     process.kill()  # a no-op once it has been reaped
     _reap(process)
+    if isolation != "namespaces":  # SIGKILL takes effect when a process next runs: on a busy host, later
+        _wait_for_group_to_end(process.pid)
 
 
 def _end_pid_namespace(process: subprocess.Popen) -> None:
@@ -423,6 +426,12 @@ def _end_pid_namespace(process: subprocess.Popen) -> None:
     if init is not None:
         _kill(init)
         _reap(process)
+
+
+def _wait_for_group_to_end(group: int) -> None:
+    deadline = time.monotonic() + REAP_TIMEOUT_S
+    while group in _live_processes().values() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _kill(pid: int, group: bool = False) -> None:

@@ -10,6 +10,7 @@ finally check the picked outputs against the reference on the same inputs.
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from ..dtypes import is_float, torch_dtype
 from ..model import OutputError, Status
 from .arena import Arena, plan_layout, views
 from .judge.check import Verdict, compare_outputs
-from .judge.clock import Baseline, disagreement, per_call_ms, summarize
+from .judge.clock import Baseline, disagreement, judge_per_call_ms, summarize
 from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
 from .protocol import Batch, BatchDone, Call, Close, Failed, Open, Opened
@@ -68,14 +69,22 @@ class _Check:
 
 @dataclass
 class _Times:
-    judge_ms: list[float] = field(default_factory=list)  # per call, one value per batch
-    worker_ms: list[float] = field(default_factory=list)  # per call, every call
+    batch_ms: list[float] = field(default_factory=list)  # the judge's clock, per timed batch
+    baseline_ms: list[float] = field(default_factory=list)  # the same batch's harness steps, run by the judge
     batch_sizes: list[int] = field(default_factory=list)
+    worker_ms: list[float] = field(default_factory=list)  # per call, every call
+
+    @property
+    def judge_ms(self) -> list[float]:
+        """Per call, one value per batch."""
+        return judge_per_call_ms(self.batch_ms, self.baseline_ms, self.batch_sizes)
 
 
 class Session:
-    def __init__(self, settings: SessionSettings, references: ReferenceStore, flush: L2Flush, device: str):
+    def __init__(self, settings: SessionSettings, references: ReferenceStore, flush: L2Flush, device: str,
+                 on_phase: Callable[[str], None] = lambda phase: None):
         self.settings = settings
+        self.on_phase = on_phase
         self.references = references
         self.flush = flush
         self.device = device
@@ -159,8 +168,10 @@ class _Job:
     def judge(self, baseline: Baseline) -> JobOutcome:
         sets = len(self.arena_sets)
         first = [Call(set=i, slot=i) for i in range(sets)] + [Call(set=0, slot=sets)]
+        self.session.on_phase("check")
         self.batch(first, timed=False, graph=False,
                    picked={k: f"input set {c.set}" if c.slot < sets else "the repeated call" for k, c in enumerate(first)})
+        self.session.on_phase("time")
         self.timed_batches(baseline, self.warm_up())
         verdict = self.check_outputs()
         if not verdict.passed:
@@ -186,7 +197,8 @@ class _Job:
             calls = [self.fresh_call(k) for k in range(size)]
             labels = {k: f"timed call {b * size + k + 1} of {batches * size}" for k in picked.get(b, [])}
             batch_ms, batch = self.batch(calls, timed=True, graph=settings.graph, picked=labels)
-            self.times.judge_ms.append(per_call_ms(batch_ms, baseline.time_ms(batch), size))
+            self.times.batch_ms.append(batch_ms)
+            self.times.baseline_ms.append(baseline.time_ms(batch))
             self.times.batch_sizes.append(size)
 
     def fresh_call(self, k: int) -> Call:
@@ -265,19 +277,21 @@ class _Job:
                 raise _Stop(self.rejected(f"the solution modified its inputs: {', '.join(changed)}"))
 
     def check_outputs(self) -> Verdict:
+        """The first checked call that fails, or a pass whose errors are the worst seen per output."""
         compute_on = self.session.device
-        first = None
+        worst: dict[str, OutputError] = {}
         for check in self.checks:
             verdict = compare_outputs(self.definition, check.outputs, check.expected, compute_on)
             if not verdict.passed:
                 verdict.message = f"{check.label}: {verdict.message}"
                 return verdict
-            first = first or verdict
+            for name, error in verdict.errors.items():
+                worst[name] = _worse(worst.get(name), error)
         repeated = len(self.arena_sets)
         again = compare_outputs(self.definition, self.checks[repeated].outputs, self.checks[0].outputs, compute_on)
         if not again.passed:
             return Verdict("REJECTED", f"outputs change between identical calls: {again.message}")
-        return first
+        return Verdict(errors=worst)
 
     def timing(self) -> dict:
         """The ranked figures: the larger of the two clocks' medians, with that clock's spread. A
@@ -306,6 +320,15 @@ class _Job:
     def outcome(self, verdict: Verdict, timing: dict | None = None) -> JobOutcome:
         log = self.worker.log_tail() if not verdict.passed else ""
         return JobOutcome(status=verdict.status, message=verdict.message, errors=verdict.errors, log=log, timing=timing)
+
+
+def _worse(known: OutputError | None, error: OutputError) -> OutputError:
+    """Each statistic at its worst over the checked calls."""
+    if known is None:
+        return error
+    return OutputError(max_abs_error=max(known.max_abs_error, error.max_abs_error),
+                       max_rel_error=max(known.max_rel_error, error.max_rel_error),
+                       mismatch_fraction=max(known.mismatch_fraction, error.mismatch_fraction))
 
 
 def _poison(tensor: torch.Tensor) -> None:

@@ -57,6 +57,14 @@ def per_call_ms(batch_ms: float, baseline_ms: float, calls: int) -> float:
     return max(batch_ms - baseline_ms, 0.0) / calls
 
 
+def judge_per_call_ms(batch_ms: list[float], baseline_ms: list[float], sizes: list[int]) -> list[float]:
+    """Each batch's time per call, less the cheapest harness cost per call measured over the job. Every
+    call of a job runs the same harness steps, and other load on the host only ever adds time to a
+    baseline: a baseline slowed by load must not take the solution's own time away with it."""
+    harness = min(base / size for base, size in zip(baseline_ms, sizes))
+    return [per_call_ms(batch, harness * size, size) for batch, size in zip(batch_ms, sizes)]
+
+
 def disagreement(worker_ms: float, judge_ms: float, device_type: str) -> str | None:
     """Why the worker's own median per-call time cannot be true next to the judge's, if it cannot."""
     if device_type != "cuda" or worker_ms >= AGREEMENT_SHARE * judge_ms - SLACK_MS:

@@ -6,8 +6,8 @@ Runs inside the worker process only: importing a solution executes untrusted cod
 import hashlib
 import importlib.util
 import sys
-from pathlib import Path
-from typing import Callable
+from pathlib import Path, PurePosixPath
+from typing import Callable, Mapping
 
 from .model import Solution
 
@@ -20,14 +20,34 @@ class BuildError(Exception):
 
 def content_hash(folder: Path) -> str:
     """A hash of every file's path and bytes, documentation left out (*.md, and docs/ at the top of the folder):
-    results and builds are keyed by it, so editing notes does not make a solution's results stale."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+    results and builds are keyed by it, so editing notes does not make a solution's results stale. A solution
+    with shared folders is hashed over all its files (registry.SolutionFolder.content_hash); the folder its
+    worker loads holds them all, so this hash of that folder is the same."""
+    return files_hash(folder_files(folder))
+
+
+def folder_files(folder: Path) -> dict[str, Path]:
+    """Every file under `folder` (links followed, __pycache__ left out), by its path relative to it."""
+    found = {}
+    for path in folder.rglob("*"):
         relative = path.relative_to(folder)
-        if path.suffix == ".md" or relative.parts[0] == "docs":
-            continue
-        digest.update(str(relative).encode() + b"\0" + path.read_bytes() + b"\0")
+        if path.is_file() and "__pycache__" not in relative.parts:
+            found[relative.as_posix()] = path
+    return found
+
+
+def files_hash(files: Mapping[str, Path]) -> str:
+    """content_hash of the files a solution loads, by the relative path each has where it is loaded."""
+    digest = hashlib.sha256()
+    for relative in sorted(files, key=lambda name: PurePosixPath(name).parts):
+        if not is_documentation(relative):
+            digest.update(relative.encode() + b"\0" + files[relative].read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+def is_documentation(relative: str) -> bool:
+    path = PurePosixPath(relative)
+    return path.suffix == ".md" or path.parts[0] == "docs"
 
 
 def folder_problem(folder: Path, solution: Solution) -> str | None:

@@ -5,6 +5,7 @@ Layout:
     definitions/<op_type>/<name>.workloads.yaml      its workload set
     references/<op_type>/<name>.py                   its reference (named by the definition)
     solutions/<definition>/<solution>/solution.yaml  a solution folder
+    solutions/_shared/<name>/                        files solution folders share (their `shared` field)
 """
 
 import difflib
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from .build import files_hash, folder_files
 from .errors import FlashbenchError
 from .model import Definition, Solution, WorkloadSet, load_model
+from .model.solution import SHARED_FOLDER
 from .reference import load_reference
 
 DEFINITION_SUFFIXES = (".yaml", ".yml", ".json")
@@ -31,6 +34,28 @@ class DefinitionFile:
 class SolutionFolder:
     path: Path
     solution: Solution
+    shared: tuple[Path, ...] = ()  # the folders its `shared` field names, in that order
+
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        """Where its files come from: its own folder, then its shared folders."""
+        return (self.path, *self.shared)
+
+    @property
+    def files(self) -> dict[str, Path]:
+        """Every file the solution has, by the path it has where the solution is loaded (one folder
+        holding them all); no path is in two of its folders (load_solution_folder checks)."""
+        return {name: path for folder in self.folders for name, path in folder_files(folder).items()}
+
+    @property
+    def entry_path(self) -> Path | None:
+        """Its entry file, in its own folder or in a shared one; None when there is none."""
+        found = (folder / self.solution.entry_file for folder in self.folders)
+        return next((path for path in found if path.is_file()), None)
+
+    def content_hash(self) -> str:
+        """The hash its traces and builds are keyed by: every file it loads, shared ones included."""
+        return files_hash(self.files)
 
 
 def find_root(start: Path | None = None) -> Path:
@@ -68,10 +93,49 @@ def load_solution_folder(path: Path) -> SolutionFolder:
     if not manifest.is_file():
         raise FlashbenchError("no solution.yaml in this folder", path)
     solution = load_model(Solution, manifest)
-    entry = path / solution.entry_file
-    if not entry.is_file():
-        raise FlashbenchError(f"entry file {solution.entry_file} does not exist", manifest, "entry_point")
-    return SolutionFolder(path, solution)
+    loaded = SolutionFolder(path, solution, shared_folders(path, solution))
+    if loaded.entry_path is None:
+        where = " (nor in its shared folders)" if solution.shared else ""
+        raise FlashbenchError(f"entry file {solution.entry_file} does not exist{where}", manifest, "entry_point")
+    return loaded
+
+
+def shared_folders(path: Path, solution: Solution) -> tuple[Path, ...]:
+    """The folders `solution.shared` names, in solutions/_shared/ beside the solution's definition folder
+    (a solution folder sits at solutions/<definition>/<name>/). Checked like the solution's own folder, as
+    their code runs as its own: inside solutions/_shared/, no link leading out, and no file at a path that
+    the solution folder or another shared folder also has (one would hide the other)."""
+    if not solution.shared:
+        return ()
+    manifest = path / "solution.yaml"
+    shared_root = path.parent.parent / SHARED_FOLDER
+    owners = {name: "the solution folder" for name in folder_files(path)}
+    found = []
+    for name in solution.shared:
+        folder = shared_root / name
+        _check_shared_folder(folder, shared_root, manifest)
+        for relative in folder_files(folder):
+            if relative in owners:
+                raise FlashbenchError(f"{relative} is in {SHARED_FOLDER}/{name} and in {owners[relative]}; "
+                                      "a path may be in one of them only", manifest, "shared")
+            owners[relative] = f"{SHARED_FOLDER}/{name}"
+        found.append(folder)
+    return tuple(found)
+
+
+def _check_shared_folder(folder: Path, shared_root: Path, manifest: Path) -> None:
+    """It lies in solutions/_shared/ itself (no link on the way there) and no link in it leads out of it."""
+    name = f"{SHARED_FOLDER}/{folder.name}"
+    if not folder.is_dir():
+        raise FlashbenchError(f"no folder {folder.name!r} in {shared_root}", manifest, "shared")
+    inside = folder.resolve()
+    if inside != shared_root.parent.resolve() / SHARED_FOLDER / folder.name:
+        raise FlashbenchError(f"{name} leads to {inside} through a link; a shared folder must lie in "
+                              f"{shared_root} itself", manifest, "shared")
+    for item in sorted(folder.rglob("*")):
+        if item.is_symlink() and not item.resolve().is_relative_to(inside):
+            raise FlashbenchError(f"{name}/{item.relative_to(folder)} is a link to {item.resolve()}, "
+                                  "outside the shared folder", manifest, "shared")
 
 
 class Repo:

@@ -100,7 +100,7 @@ def _check_solution(repo: Repo, path: Path) -> None:
         )
     if solution.language != "cuda":
         expected = expected_parameters(definition, solution)
-        check_signature_statically(path / solution.entry_file, solution.entry_function, expected, manifest)
+        check_signature_statically(folder.entry_path, solution.entry_function, expected, manifest)
 
 
 def expected_parameters(definition, solution: Solution) -> list[str]:

@@ -1,5 +1,6 @@
 """Finding definitions, workload sets and solution folders, and the folder rules the registry enforces."""
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -7,7 +8,10 @@ import pytest
 import yaml
 
 from flashbench import FlashbenchError, Repo, validate
-from flashbench.registry import find_root
+from flashbench.build import content_hash, folder_files, folder_problem
+from flashbench.registry import find_root, load_solution_folder
+from flashbench.run import RunOptions, Runner, install_solution, select_workloads
+from flashbench.run.plan import stage_solution
 
 REPO = Path(__file__).resolve().parents[1]
 DECODE = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -195,3 +199,220 @@ def test_find_root_without_definitions(tmp_path, monkeypatch):
     monkeypatch.delenv("FLASHBENCH_ROOT", raising=False)
     with pytest.raises(FlashbenchError, match="no definitions/ folder"):
         find_root(tmp_path)
+
+
+# --- shared folders: solutions/_shared/<name>/, named by a solution's `shared` field ---------------
+
+def add_shared(root: Path, name: str, files: dict[str, str]) -> Path:
+    folder = root / "solutions" / "_shared" / name
+    for relative, text in files.items():
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        (folder / relative).write_text(text)
+    return folder
+
+
+def share(path: Path, *names: str) -> None:
+    """Sets the `shared` field of the solution's manifest."""
+    manifest = path / "solution.yaml"
+    data = yaml.safe_load(manifest.read_text())
+    manifest.write_text(yaml.safe_dump({**data, "shared": list(names)}))
+
+
+def kernel_in_shared_folder(root: Path, name="kernel") -> tuple[Path, Path]:
+    """A solution whose entry file lives in a shared folder (its own folder: solution.yaml only)."""
+    path = add_solution(root, DECODE, DECODE)
+    shared = add_shared(root, name, {"kernel.py": (path / "kernel.py").read_text()})
+    (path / "kernel.py").unlink()
+    share(path, name)
+    return path, shared
+
+
+def shared_error(path: Path) -> FlashbenchError:
+    with pytest.raises(FlashbenchError) as info:
+        load_solution_folder(path)
+    assert info.value.file == str(path / "solution.yaml") and info.value.field == "shared", info.value
+    return info.value
+
+
+@pytest.mark.parametrize("name", ["../kernel", "kernel/..", "a/b", ".", "..", "/tmp/kernel", ".hidden", ""])
+def test_shared_names_one_folder_in_shared_by_name(root, name):
+    path, _ = kernel_in_shared_folder(root)
+    share(path, name)
+    assert "must be the name of a folder in solutions/_shared/" in shared_error(path).message
+    results = {c.path: c for c in validate(Repo(root), [path])}
+    assert not results[path].ok and "shared" in results[path].error
+
+
+def test_shared_folder_named_twice(root):
+    path, _ = kernel_in_shared_folder(root)
+    share(path, "kernel", "kernel")
+    assert "'kernel' named more than once" in shared_error(path).message
+
+
+def test_missing_shared_folder(root):
+    path, shared = kernel_in_shared_folder(root)
+    shutil.rmtree(shared)
+    assert "no folder 'kernel' in" in shared_error(path).message
+    assert not validate(Repo(root), [path])[0].ok
+
+
+def test_entry_file_in_a_shared_folder(root):
+    path, shared = kernel_in_shared_folder(root)
+    (loaded,) = Repo(root).solution_folders(DECODE)
+    assert loaded.shared == (shared,) and loaded.entry_path == shared / "kernel.py"
+    assert set(loaded.files) == {"solution.yaml", "kernel.py"}
+    assert all(c.ok for c in validate(Repo(root), [root / "solutions"]))
+    (shared / "kernel.py").write_text("def run(q_nope, q_pe):\n    pass\n")  # the signature is checked there
+    (checked,) = validate(Repo(root), [path])
+    assert not checked.ok and "run takes (q_nope, q_pe)" in checked.error
+
+
+def test_entry_file_nowhere(root):
+    path, shared = kernel_in_shared_folder(root)
+    (shared / "kernel.py").rename(shared / "other.py")
+    with pytest.raises(FlashbenchError) as info:
+        load_solution_folder(path)
+    assert info.value.field == "entry_point" and "nor in its shared folders" in info.value.message
+
+
+@pytest.mark.parametrize("where", ["the solution folder", "another shared folder"])
+def test_a_path_may_be_in_one_folder_only(root, where):
+    path, _ = kernel_in_shared_folder(root)
+    if where == "the solution folder":
+        (path / "kernel.py").write_text("def run(): pass\n")
+        share(path, "kernel")
+    else:
+        add_shared(root, "other", {"kernel.py": "def run(): pass\n"})
+        share(path, "kernel", "other")
+    message = shared_error(path).message
+    assert "kernel.py is in _shared/" in message and "a path may be in one of them only" in message
+
+
+def test_a_link_out_of_a_shared_folder_is_refused(root, tmp_path_factory):
+    path, shared = kernel_in_shared_folder(root)
+    outside = tmp_path_factory.mktemp("outside") / "secret.py"
+    outside.write_text("x = 1\n")
+    (shared / "helper.py").symlink_to(outside)
+    assert "_shared/kernel/helper.py is a link to" in shared_error(path).message
+    assert not validate(Repo(root), [path])[0].ok
+
+
+def test_a_link_inside_a_shared_folder_is_kept(root):
+    path, shared = kernel_in_shared_folder(root)
+    (shared / "alias.py").symlink_to(shared / "kernel.py")
+    assert "alias.py" in load_solution_folder(path).files
+
+
+@pytest.mark.parametrize("linked", ["the shared folder", "_shared itself"])
+def test_a_shared_folder_reached_through_a_link_is_refused(root, tmp_path_factory, linked):
+    path, shared = kernel_in_shared_folder(root)
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    moved = shared if linked == "the shared folder" else shared.parent
+    shutil.move(moved, elsewhere / moved.name)
+    moved.symlink_to(elsewhere / moved.name)
+    assert "through a link" in shared_error(path).message
+
+
+def test_the_content_hash_covers_shared_files(root):
+    path, shared = kernel_in_shared_folder(root)
+    loaded = load_solution_folder(path)
+    before = loaded.content_hash()
+    assert before != content_hash(path)  # its own folder alone is solution.yaml only
+    (shared / "NOTES.md").write_text("documentation leaves the hash alone, shared or not\n")
+    assert loaded.content_hash() == before
+    (shared / "kernel.py").write_text((shared / "kernel.py").read_text() + "# changed\n")
+    assert loaded.content_hash() != before
+
+
+def test_the_hash_of_a_folder_is_what_it_was(root):
+    """Without shared folders a solution's hash is the hash of its folder's files as it always was
+    (a change of scheme would make every recorded trace stale)."""
+    path = add_solution(root, DECODE, DECODE)
+    (path / "sub").mkdir()
+    (path / "sub" / "b.cu").write_text("// b\n")
+    (path / "NOTES.md").write_text("notes\n")
+    digest = hashlib.sha256()
+    for name in ("kernel.py", "solution.yaml", "sub/b.cu"):
+        digest.update(name.encode() + b"\0" + (path / name).read_bytes() + b"\0")
+    assert content_hash(path) == load_solution_folder(path).content_hash() == digest.hexdigest()[:16]
+
+
+def test_the_staged_folder_holds_every_file_under_its_hash(root, tmp_path):
+    path, shared = kernel_in_shared_folder(root)
+    add_shared(root, "helpers", {"lib/util.py": "K = 1\n"})
+    share(path, "kernel", "helpers")
+    loaded = load_solution_folder(path)
+    staged = stage_solution(loaded, tmp_path / "staged")
+    assert staged.name == loaded.content_hash() == content_hash(staged)
+    assert sorted(folder_files(staged)) == ["kernel.py", "lib/util.py", "solution.yaml"]
+    assert folder_problem(staged, loaded.solution) is None
+    assert stage_solution(loaded, tmp_path / "staged") == staged  # staged once per content
+    (staged / "kernel.py").write_text("tampered = True\n")
+    assert stage_solution(loaded, tmp_path / "staged") == staged
+    assert (staged / "kernel.py").read_text() == (shared / "kernel.py").read_text()
+
+
+def test_a_link_out_of_the_solution_folder_stays_refused_when_staged(root, tmp_path, tmp_path_factory):
+    path, _ = kernel_in_shared_folder(root)
+    outside = tmp_path_factory.mktemp("outside") / "secret.py"
+    outside.write_text("x = 1\n")
+    (path / "helper.py").symlink_to(outside)
+    loaded = load_solution_folder(path)
+    problem = folder_problem(stage_solution(loaded, tmp_path / "staged"), loaded.solution)
+    assert problem and problem.startswith("helper.py is a link to")
+
+
+def test_install_brings_the_shared_folders_it_lacks(root, tmp_path_factory):
+    path, shared = kernel_in_shared_folder(root)
+    other = tmp_path_factory.mktemp("other")
+    shutil.copytree(root, other, ignore=shutil.ignore_patterns("solutions"), dirs_exist_ok=True)
+    installed = install_solution(Repo(other), path)
+    copied = other / "solutions" / "_shared" / "kernel" / "kernel.py"
+    assert copied.read_bytes() == (shared / "kernel.py").read_bytes()
+    assert load_solution_folder(installed).content_hash() == load_solution_folder(path).content_hash()
+
+
+def test_install_refuses_a_shared_folder_the_repository_holds_otherwise(root, tmp_path_factory):
+    path, _ = kernel_in_shared_folder(root)
+    add_shared(root, "helpers", {"util.py": "K = 1\n"})
+    share(path, "helpers", "kernel")
+    other = tmp_path_factory.mktemp("other")
+    shutil.copytree(root, other, ignore=shutil.ignore_patterns("solutions"), dirs_exist_ok=True)
+    add_shared(other, "kernel", {"kernel.py": "def run(): pass\n"})
+    with pytest.raises(FlashbenchError) as info:
+        install_solution(Repo(other), path)
+    assert info.value.field == "shared" and "_shared/kernel differs from" in info.value.message
+    assert not (other / "solutions" / "_shared" / "helpers").exists()  # nothing installed by halves
+    assert not (other / "solutions" / DECODE / "mine").exists()
+
+
+def test_a_shared_module_runs_in_the_worker_under_its_hash(root, tmp_path):
+    """A per-definition wrapper in the solution folder calling a module of a shared folder, run through
+    the sandboxed worker from a cache under /tmp: the worker sees both, and the trace carries the hash
+    of every file."""
+    path = add_solution(root, DECODE, DECODE)
+    definition = Repo(REPO).definition(DECODE)
+    inputs = ", ".join(definition.inputs)
+    add_shared(root, "reference_decode", {"decode_impl.py": (REPO / definition.reference).read_text()})
+    (path / "kernel.py").write_text(f"from decode_impl import run as decode\n\n\ndef run({inputs}):\n"
+                                    f"    return decode({inputs})\n")
+    share(path, "reference_decode")
+    repo = Repo(root)
+    options = RunOptions(device="cpu", iters=1, warmup=0, input_sets=1, timeout=120, trace_dir=tmp_path / "traces",
+                         cache_dir=tmp_path / "cache", save=False)
+    runner = Runner(repo, DECODE, options)
+    workloads = select_workloads(repo, DECODE, [], "cpu")[:1]
+    result = runner.run(runner.candidates(repo.solution_folders(DECODE))[1:], workloads)
+    (trace,) = result.traces
+    assert trace.status == "PASSED", f"{trace.message} {trace.log[-1500:]}"
+    assert trace.solution_hash == load_solution_folder(path).content_hash()
+
+
+def test_no_two_files_under_solutions_are_the_same():
+    """Code that several solution folders use lives once, in solutions/_shared/."""
+    seen: dict[bytes, Path] = {}
+    for path in sorted((REPO / "solutions").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.stat().st_size:
+            content = path.read_bytes()
+            assert content not in seen, f"{path} repeats {seen[content]}"
+            seen[content] = path

@@ -6,7 +6,6 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from ..build import content_hash
 from ..model import Calibration, Performance, Trace
 from ..registry import Repo
 from ..traces import hardware_slug, read_traces, trace_file_name, trace_path
@@ -80,7 +79,7 @@ def read_results(trace_dir: Path, definition: str, hardware: str | None = None, 
 
 def solution_hashes(repo: Repo, definition: str) -> dict[str, str]:
     """The content hash of each solution folder of a definition as it is on disk now, by solution name."""
-    return {folder.solution.name: content_hash(folder.path) for folder in repo.solution_folders(definition)}
+    return {folder.solution.name: folder.content_hash() for folder in repo.solution_folders(definition)}
 
 
 def mark_stale(frame: pd.DataFrame, current_hashes: Mapping[str, str] | None) -> pd.DataFrame:

@@ -1,10 +1,14 @@
 """solution.yaml: a solution folder's manifest (FlashInfer-Bench's solution spec, flattened)."""
 
+import re
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from .definition import Strict
+
+SHARED_FOLDER = "_shared"  # solutions/_shared/<name>/: files that several solution folders use
+_SHARED_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # one folder name: no path, no '.' or '..'
 
 
 class Solution(Strict):
@@ -25,6 +29,9 @@ class Solution(Strict):
     compile_flags: list[str] = Field([], description="CUDA only: extra nvcc flags")
     sources: list[str] = Field([], description="CUDA only: files to compile (default: every .cu/.cpp)")
     tags: list[str] = Field([], description="e.g. 'baseline' for solutions others are compared with")
+    shared: list[str] = Field([], description=(
+        f"names of folders in solutions/{SHARED_FOLDER}/ whose files join the solution's own, each at its path "
+        "in that folder (entry_point and sources may name them); the content hash covers them"))
 
     @model_validator(mode="after")
     def _cuda_fields_only_for_cuda(self):
@@ -37,6 +44,17 @@ class Solution(Strict):
         for field, path in [("entry_point", self.entry_file)] + [("sources", source) for source in self.sources]:
             if path.startswith(("/", "\\")) or ".." in path.replace("\\", "/").split("/"):
                 raise ValueError(f"{field}: {path!r} must be a path inside the solution folder (no absolute path, no '..')")
+        return self
+
+    @model_validator(mode="after")
+    def _shared_are_folder_names(self):
+        for name in self.shared:
+            if not _SHARED_NAME.fullmatch(name):
+                raise ValueError(f"shared: {name!r} must be the name of a folder in solutions/{SHARED_FOLDER}/ "
+                                 "(letters, digits, '_', '.', '-'; no path, no '..')")
+        repeated = sorted({name for name in self.shared if self.shared.count(name) > 1})
+        if repeated:
+            raise ValueError(f"shared: {', '.join(map(repr, repeated))} named more than once")
         return self
 
     @property

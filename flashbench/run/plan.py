@@ -2,12 +2,14 @@
 
 import hashlib
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..build import content_hash
 from ..errors import FlashbenchError
 from ..model import REFERENCE, Definition, Solution, Workload
+from ..model.solution import SHARED_FOLDER
 from ..registry import Repo, SolutionFolder, load_solution_folder
 
 
@@ -69,8 +71,59 @@ def select_solutions(repo: Repo, definition: str, selectors: list[str]) -> list[
 
 def candidates(repo: Repo, definition: Definition, folders: list[SolutionFolder], cache_dir: Path) -> list[Candidate]:
     """The reference first, then the folders, each keyed by the hash of its content."""
-    return [reference_candidate(repo, definition, cache_dir)] + [
-        Candidate(f.path, f.solution, content_hash(f.path)) for f in folders]
+    return [reference_candidate(repo, definition, cache_dir)] + [solution_candidate(f, cache_dir) for f in folders]
+
+
+def solution_candidate(folder: SolutionFolder, cache_dir: Path) -> Candidate:
+    """A solution folder as its worker loads it: the folder itself, or for one with shared folders the
+    folder that stage_solution makes of all its files."""
+    loaded = stage_solution(folder, cache_dir / "solutions") if folder.shared else folder.path
+    return Candidate(loaded, folder.solution, content_hash(loaded))
+
+
+def stage_solution(folder: SolutionFolder, into: Path) -> Path:
+    """Copies every file of the solution, its shared folders' included, into one folder, into/<content
+    hash>, and returns it: the sandbox lets the worker read that folder alone, and imports and #includes
+    find the files side by side, at the paths they are hashed by. A folder staged before is used again
+    while its content is still what its name says."""
+    into.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=into))
+    staging.chmod(0o755)  # as any folder the runner makes, not mkdtemp's owner-only mode
+    for source in folder.folders:
+        _copy_into(source, staging)
+    target = into / content_hash(staging)
+    if _is_staged(target):
+        shutil.rmtree(staging)
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    try:
+        staging.rename(target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not _is_staged(target):  # else another run staged the same content meanwhile
+            raise
+    return target
+
+
+def _is_staged(target: Path) -> bool:
+    return target.is_dir() and content_hash(target) == target.name
+
+
+def _copy_into(source: Path, staging: Path) -> None:
+    """The files of `source`, except that a link leading out of it stays a link (to where it leads), so
+    that the worker's folder check refuses it as it would in the solution folder itself."""
+    inside = source.resolve()
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source)
+        if "__pycache__" in relative.parts:
+            continue
+        target = staging / relative
+        if not path.resolve().is_relative_to(inside):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(path.resolve())
+        elif path.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
 
 
 def reference_candidate(repo: Repo, definition: Definition, cache_dir: Path) -> Candidate:
@@ -90,12 +143,30 @@ def reference_candidate(repo: Repo, definition: Definition, cache_dir: Path) -> 
 
 
 def install_solution(repo: Repo, folder: Path) -> Path:
-    """Copy a solution folder to solutions/<definition>/<name>/ (after it passed its checks)."""
+    """Copy a solution folder to solutions/<definition>/<name>/ (after it passed its checks), with
+    the shared folders it names that the repository lacks."""
     loaded = load_solution_folder(folder)
     target = repo.root / "solutions" / loaded.solution.definition / loaded.solution.name
     if target.resolve() == folder.resolve():
         return target
+    for shared, shared_target in _shared_to_install(repo, loaded):
+        shutil.copytree(shared, shared_target, ignore=shutil.ignore_patterns("__pycache__"))
     if target.exists():
         shutil.rmtree(target)
     shutil.copytree(folder, target, ignore=shutil.ignore_patterns("__pycache__"))
     return target
+
+
+def _shared_to_install(repo: Repo, loaded: SolutionFolder) -> list[tuple[Path, Path]]:
+    """(shared folder, where it goes) for each one the repository lacks. One it has must hold the same
+    content, or the installed solution would load other code than the one that passed; all are checked
+    before anything is copied."""
+    missing = []
+    for shared in loaded.shared:
+        target = repo.root / "solutions" / SHARED_FOLDER / shared.name
+        if not target.exists():
+            missing.append((shared, target))
+        elif target.resolve() != shared.resolve() and content_hash(target) != content_hash(shared):
+            raise FlashbenchError(f"{SHARED_FOLDER}/{shared.name} differs from {target}; give the changed copy a "
+                                  "name of its own", loaded.path / "solution.yaml", "shared")
+    return missing

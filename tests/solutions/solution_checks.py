@@ -1,14 +1,24 @@
-"""Helpers shared by the solution tests: loading a file as a module, comparing an attention
-result (output, lse) with the reference's, and reading ptxas's resource report. Importable from a test's child process too, which runs
-with this folder first on sys.path."""
+"""Helpers shared by the solution tests: finding a solution's file (in its folder or a shared one),
+loading a file as a module, comparing an attention result (output, lse) with the reference's, and
+reading ptxas's resource report. Importable from a test's child process too, which runs with this
+folder first on sys.path."""
 
 import importlib.util
 import re
+from pathlib import Path
 
 import torch
 
+from flashbench.registry import load_solution_folder
+
+SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
 OUTPUT_TOL = dict(atol=1e-2, rtol=2e-2)
 LSE_TOL = dict(atol=1e-2, rtol=1e-3)
+
+
+def solution_file(definition, name, file="kernel.py") -> Path:
+    """Where a file of solutions/<definition>/<name>/ is: in that folder or one of its shared folders."""
+    return load_solution_folder(SOLUTIONS / definition / name).files[file]
 
 
 def load_module(name, path):

@@ -2,7 +2,8 @@
 
 For every solution folder whose solution.yaml says `language: cuda`, each `.cu` source (those
 named under `sources`, else every `.cu` in the folder) is compiled on its own with
-`nvcc -c <compile_flags> -Xptxas -v`, which must succeed, and ptxas's resource report must show
+`nvcc -c <compile_flags> -Xptxas -v` in the folder its worker builds in (with the files of its
+shared folders beside its own), which must succeed, and ptxas's resource report must show
 no register spills (0 bytes spill stores and loads) for any kernel. The report (registers,
 shared memory, stack per kernel and target), and when `cuobjdump` is on PATH a count of tensor-core
 and asynchronous-copy instructions in the SASS, is printed (`pytest -n 0 -s` shows it).
@@ -21,28 +22,32 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
 from solution_checks import resource_report
 
+from flashbench import Repo
+from flashbench.run.plan import solution_candidate
+
 ROOT = Path(__file__).resolve().parents[2]
-SOLUTIONS = ROOT / "solutions"
 CACHE = Path(tempfile.gettempdir()) / "flashbench-nvcc-check"
 SASS_OPS = ("HGMMA", "HMMA", "LDGSTS", "UTMALDG", "LDSM", "LDL", "STL")
 
 
 def cuda_sources():
-    """(id, folder, source, flags) for every .cu source of every CUDA solution."""
+    """(id, folder, source, flags) for every .cu source of every CUDA solution, in the folder its worker
+    builds in."""
     found = []
-    for manifest in sorted(SOLUTIONS.glob("*/*/solution.yaml")):
-        spec = yaml.safe_load(manifest.read_text()) or {}
-        if spec.get("language") != "cuda":
-            continue
-        folder = manifest.parent
-        names = spec.get("sources") or sorted(p.name for p in folder.iterdir() if p.suffix == ".cu")
-        flags = [str(f) for f in spec.get("compile_flags") or []]
-        for name in names:
-            if name.endswith(".cu"):
-                found.append((f"{folder.parent.name}/{folder.name}/{name}", folder, folder / name, flags))
+    repo = Repo(ROOT)
+    for definition in repo.names():
+        for loaded in repo.solution_folders(definition):
+            solution = loaded.solution
+            if solution.language != "cuda":
+                continue
+            folder = solution_candidate(loaded, CACHE).folder
+            names = solution.sources or sorted(p.name for p in folder.iterdir() if p.suffix == ".cu")
+            flags = [str(f) for f in solution.compile_flags]
+            for name in names:
+                if name.endswith(".cu"):
+                    found.append((f"{definition}/{solution.name}/{name}", folder, folder / name, flags))
     return found
 
 

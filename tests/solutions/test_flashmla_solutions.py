@@ -21,7 +21,7 @@ import torch
 
 from flashbench import Repo
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
-from solution_checks import load_module
+from solution_checks import load_module, solution_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFINITIONS = {
@@ -79,9 +79,8 @@ def check_decode_on_nan_tails():
     """Runs in a child process under the interpreter: both Triton kernels, with and without splits
     (triton_balanced with one unit in all, and with units cut to 64 keys so every request splits)."""
     reference = load_module("decode_reference", ROOT / Repo(ROOT).definition(DECODE_H16).reference)
-    folder = ROOT / "solutions" / DECODE_H16
-    splitkv = load_module("decode_triton", folder / "triton_splitkv" / "kernel.py")
-    balanced = load_module("decode_balanced", folder / "triton_balanced" / "kernel.py")
+    splitkv = load_module("decode_triton", solution_file(DECODE_H16, "triton_splitkv"))
+    balanced = load_module("decode_balanced", solution_file(DECODE_H16, "triton_balanced"))
     variants = {"splitkv 1": (splitkv, {"num_splits": 1}), "splitkv 3": (splitkv, {"num_splits": 3}),
                 "balanced 1": (balanced, {"target_units": 1}), "balanced 64-key units": (balanced, {"target_units": 8, "min_chunk": 64})}
     inputs = nan_tail_case()
@@ -107,7 +106,7 @@ def test_triton_decode_ignores_block_tails():
 
 def test_torch_decode_ignores_block_tails():
     reference = load_module("decode_reference", ROOT / Repo(ROOT).definition(DECODE_H16).reference)
-    kernel = load_module("decode_torch", ROOT / "solutions" / DECODE_H16 / "torch_vectorized" / "kernel.py")
+    kernel = load_module("decode_torch", solution_file(DECODE_H16, "torch_vectorized"))
     inputs = nan_tail_case()
     ref_out, ref_lse = reference.run(*inputs)
     out, lse = kernel.run(*inputs)

@@ -26,7 +26,7 @@ from flashbench.build import missing_dependencies
 from flashbench.registry import load_solution_folder
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
 from flashbench.validate import validate
-from solution_checks import load_module
+from solution_checks import load_module, solution_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -183,7 +183,8 @@ class FakeFlashMLA(types.ModuleType):
 def test_flashmla_wrapper_on_a_stand_in(definition, monkeypatch):
     fake = FakeFlashMLA()
     monkeypatch.setitem(sys.modules, "flash_mla", fake)
-    kernel = load_module(f"flashmla_{definition}", folder(definition, "flashmla") / "kernel.py")
+    kernel = load_module(f"flashmla_{definition}", solution_file(definition, "flashmla"))
+    entry = getattr(kernel, load_solution_folder(folder(definition, "flashmla")).solution.entry_function)
     ref = reference(definition)
     sparse_prefill = "sparse_prefill" in definition
     cases = dead_rows = 0
@@ -192,7 +193,7 @@ def test_flashmla_wrapper_on_a_stand_in(definition, monkeypatch):
         if sparse_prefill:
             dead_rows += int(torch.isneginf(expected[2]).any(dim=1).sum())
         for call in range(2):
-            got = kernel.run(*inputs)
+            got = entry(*inputs)
             assert len(got) == len(expected)
             for actual, wanted in zip(got, expected):
                 assert actual.shape == wanted.shape and actual.dtype == wanted.dtype
@@ -300,7 +301,7 @@ def fake_flashinfer(monkeypatch):
 @pytest.mark.parametrize("definition", FLASHINFER_DEFINITIONS[:4])
 def test_flashinfer_wrapper_on_a_stand_in(definition, monkeypatch):
     fake_flashinfer(monkeypatch)
-    kernel = load_module(f"flashinfer_{definition}", folder(definition, "flashinfer_fa3") / "kernel.py")
+    kernel = load_module(f"flashinfer_{definition}", solution_file(definition, "flashinfer_fa3"))
     ref = reference(definition)
     cases = 0
     for name, inputs in smoke_inputs(definition):
@@ -322,7 +323,7 @@ def test_flashinfer_decode_never_reads_unused_table_slots(monkeypatch):
     """Block tails past each length NaN and unused table slots -1: the CSR page lists skip both."""
     fake_flashinfer(monkeypatch)
     definition = "flashmla_decode_causal_h16_ckv512_kpe64_ps64"
-    kernel = load_module("flashinfer_nan_tails", folder(definition, "flashinfer_fa3") / "kernel.py")
+    kernel = load_module("flashinfer_nan_tails", solution_file(definition, "flashinfer_fa3"))
     gen = torch.Generator().manual_seed(0)
     lengths, pool = [2, 70, 129], 12
     ids = torch.randperm(pool, generator=gen).to(torch.int32)

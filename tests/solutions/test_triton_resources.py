@@ -21,7 +21,7 @@ import pytest
 import torch
 import triton
 import yaml
-from solution_checks import load_module, resource_report
+from solution_checks import load_module, resource_report, solution_file
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
@@ -97,7 +97,8 @@ def ptxas_resources(ptx: str, tmp_path: Path) -> dict:
 
 def launches_on_a_real_shape(folder: Path, monkeypatch) -> tuple[str, list[tuple]]:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the GPU's code path, not the interpreter's
-    solution = load_solution_folder(folder).solution
+    loaded = load_solution_folder(folder)
+    solution = loaded.solution
     repo = Repo(ROOT)
     definition = repo.definition(solution.definition)
     workload = next(w for w in repo.workload_set(definition.name).workloads if "smoke" not in w.tags)
@@ -107,7 +108,7 @@ def launches_on_a_real_shape(folder: Path, monkeypatch) -> tuple[str, list[tuple
         shapes = output_shapes(definition, bind_axes(definition, inputs))
         args += [torch.empty(shape, dtype=torch_dtype(definition.outputs[name].dtype), device="meta")
                  for name, shape in shapes.items()]
-    module = load_module(f"triton_resources_{folder.parent.name}_{folder.name}", folder / solution.entry_file)
+    module = load_module(f"triton_resources_{folder.parent.name}_{folder.name}", loaded.entry_path)
     return workload.name, record_launches(lambda: getattr(module, solution.entry_function)(*args))
 
 
@@ -132,4 +133,4 @@ def test_the_spill_list_names_kernels_that_exist():
     names = {f"{f.parent.name}/{f.name}" for f in FOLDERS}
     for folder, kernel in KNOWN_SPILLS:
         assert folder in names, folder
-        assert re.search(rf"def {kernel}\(", (ROOT / "solutions" / folder / "kernel.py").read_text()), (folder, kernel)
+        assert re.search(rf"def {kernel}\(", solution_file(*folder.split("/")).read_text()), (folder, kernel)

@@ -129,3 +129,8 @@ def launch(q, kv, indices, sm_scale, attn_sink, topk_length, out, max_logits, ls
 
 def run(q, kv, indices, sm_scale, out, max_logits, lse):
     launch(q, kv, indices, sm_scale, None, None, out, max_logits, lse)
+
+
+def run_sink_topklen(q, kv, indices, sm_scale, attn_sink, topk_length, out, max_logits, lse):
+    """The definitions with an attention sink and per-row topk lengths (flashmla_sparse_prefill_sink_topklen_*)."""
+    launch(q, kv, indices, sm_scale, attn_sink, topk_length, out, max_logits, lse)

@@ -68,5 +68,10 @@ def _prefill(q, kv, indices, sm_scale, attn_sink, topk_length):
     return out, max_logits, lse
 
 
-def run(q, kv, indices, sm_scale, attn_sink, topk_length):
+def run(q, kv, indices, sm_scale):
+    return _prefill(q, kv, indices, sm_scale, None, None)
+
+
+def run_sink_topklen(q, kv, indices, sm_scale, attn_sink, topk_length):
+    """The definitions with an attention sink and per-row topk lengths (flashmla_sparse_prefill_sink_topklen_*)."""
     return _prefill(q, kv, indices, sm_scale, attn_sink, topk_length)

@@ -199,3 +199,8 @@ def launch(q, k_cache, indices, softmax_scale, attn_sink, out, lse):
 
 def run(q, k_cache, indices, softmax_scale, out, lse):
     launch(q, k_cache, indices, softmax_scale, None, out, lse)
+
+
+def run_sink(q, k_cache, indices, softmax_scale, attn_sink, out, lse):
+    """The definitions with an attention sink (flashmla_sparse_decode_fp8_sink_*)."""
+    launch(q, k_cache, indices, softmax_scale, attn_sink, out, lse)

@@ -64,5 +64,10 @@ def _decode(q, k_cache, indices, softmax_scale, attn_sink):
     return out, lse
 
 
-def run(q, k_cache, indices, softmax_scale, attn_sink):
+def run(q, k_cache, indices, softmax_scale):
+    return _decode(q, k_cache, indices, softmax_scale, None)
+
+
+def run_sink(q, k_cache, indices, softmax_scale, attn_sink):
+    """The definitions with an attention sink (flashmla_sparse_decode_fp8_sink_*)."""
     return _decode(q, k_cache, indices, softmax_scale, attn_sink)

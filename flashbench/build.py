@@ -22,7 +22,8 @@ def content_hash(folder: Path) -> str:
     """A hash of every file's path and bytes, documentation left out (*.md, and docs/ at the top of the folder):
     results and builds are keyed by it, so editing notes does not make a solution's results stale. A solution
     with shared folders is hashed over all its files (registry.SolutionFolder.content_hash); the folder its
-    worker loads holds them all, so this hash of that folder is the same."""
+    worker loads holds them all (and nothing else: run/plan.py stage_solution), so this hash of that folder is
+    the same."""
     return files_hash(folder_files(folder))
 
 

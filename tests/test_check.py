@@ -11,7 +11,7 @@ import torch
 
 from flashbench import Repo
 from flashbench.model.definition import Tolerance
-from flashbench.run.judge import check
+from flashbench.run.judge import check, evaluators
 from flashbench.run.judge.check import compare_outputs, output_error
 from flashbench.run.protocol import Call
 from flashbench.run.worker import handler
@@ -122,7 +122,7 @@ def test_chunked_comparison_counts_across_chunks(monkeypatch):
     got = expected.clone()
     got[1], got[8], got[19] = 9.0, -INF, 5.0
     whole, whole_bad = output_error(got, expected, STRICT)
-    monkeypatch.setattr(check, "CHUNK_ELEMENTS", 3)
+    monkeypatch.setattr(evaluators, "CHUNK_ELEMENTS", 3)
     chunked, chunked_bad = output_error(got, expected, STRICT)
     assert chunked == whole and chunked_bad == whole_bad
     assert chunked.mismatch_fraction == pytest.approx(3 / 20) and chunked.max_abs_error == INF

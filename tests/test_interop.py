@@ -1,9 +1,10 @@
-"""FlashInfer-Bench interop: import a FIB dataset, validate and run it, export it back unchanged."""
+"""FlashInfer-Bench interop: import a FIB 0.1.2 dataset (whole definitions or nothing of them), run its
+solutions, export a repository that FIB's own loader reads, and get the repository back from it."""
 
 import hashlib
 import json
 import math
-import shutil
+import os
 from pathlib import Path
 
 import pytest
@@ -11,21 +12,27 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
+from conftest import copy_repo
 from flashbench import Repo
-from flashbench.build import content_hash
 from flashbench.cli import main
-from flashbench.interop import export_fib, import_fib
-from flashbench.interop.fib_export import evaluation_to_fib
+from flashbench.errors import FlashbenchError
+from flashbench.interop import Summary, export_fib, import_fib, imported_trace_dir, solution_from_fib_json
+from flashbench.interop import staging
+from flashbench.interop.fib_export import evaluation_to_fib, fib_names
 from flashbench.interop.fib_import import definition_to_ours
 from flashbench.interop.fib_model import FibBuildSpec, FibDefinition
+from flashbench.leaderboard import read_results
 from flashbench.model import Definition, OutputError, Performance, Trace
-from flashbench.traces import read_traces
+from flashbench.registry import load_solution_folder
+from flashbench.traces import append_trace, read_traces
 from flashbench.workloads import structured_inputs
 
 DEF = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+ADD = "vector_add_f32"
 CAPTURED = "6b0c1d42-7e0a-4c4b-9a55-2f1f3c1e9a01"
 RANDOM_INDICES = "0f6c5a7e-3b7d-4a3e-8c59-4e1d2b7c9a10"
-BLOB = f"./blob/workloads/mla_paged/{DEF}/{CAPTURED}.safetensors"
+ADD_WORKLOAD = "3c9e0b7a-51d2-4f0e-9a7c-2b8d6e4f1a00"
+BLOB = f"./blob/workloads/mla_paged/{DEF}/{DEF}_{CAPTURED}.safetensors"  # FIB 0.1.2's blob name
 
 REFERENCE = '''import math
 import torch
@@ -73,6 +80,8 @@ def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):
 '''
 
 
+# --- a FIB 0.1.2 dataset ---------------------------------------------------------------------------
+
 def var(description=None):
     return {"type": "var", **({"description": description} if description else {})}
 
@@ -107,6 +116,13 @@ def definition() -> dict:
     }
 
 
+def add_definition() -> dict:
+    return {"name": ADD, "op_type": "elementwise", "axes": {"n": var()},
+            "inputs": {"a": {"shape": ["n"], "dtype": "float32"}, "b": {"shape": ["n"], "dtype": "float32"}},
+            "outputs": {"c": {"shape": ["n"], "dtype": "float32"}},
+            "reference": "def run(a, b):\n    return a + b\n"}
+
+
 def workload(uuid, axes, indices) -> dict:
     inputs = {name: {"type": "random"} for name in ("q_nope", "q_pe", "ckv_cache", "kpe_cache")}
     return {"uuid": uuid, "axes": axes, "inputs": inputs | indices | {"sm_scale": {"type": "scalar", "value": 0.0721}}}
@@ -117,8 +133,12 @@ def captured() -> dict:
     return workload(CAPTURED, {"batch_size": 2, "num_pages": 16, "len_indptr": 3, "num_kv_indices": 8}, indices)
 
 
-def solution(name, author, language, sources, entry, **spec) -> dict:
-    return {"name": name, "definition": DEF, "author": author, "description": f"{name} by {author}",
+def add_workload() -> dict:
+    return {"uuid": ADD_WORKLOAD, "axes": {"n": 16}, "inputs": {"a": {"type": "random"}, "b": {"type": "random"}}}
+
+
+def solution(name, author, language, sources, entry, definition=DEF, **spec) -> dict:
+    return {"name": name, "definition": definition, "author": author, "description": f"{name} by {author}",
             "spec": {"language": language, "target_hardware": ["NVIDIA_H100"], "entry_point": entry,
                      "dependencies": ["torch"], **spec},
             "sources": [{"path": p, "content": c} for p, c in sources.items()]}
@@ -129,16 +149,17 @@ def evaluation(status, **extra) -> dict:
             "environment": {"hardware": "NVIDIA_H100", "libs": {"torch": "2.8.0"}}, "timestamp": "2025-09-01T12:00:00"}
 
 
-def traces() -> dict[str, list[dict]]:
-    passed = evaluation("PASSED", correctness={"max_relative_error": 0.004, "max_absolute_error": 0.002},
-                        performance={"latency_ms": 0.031, "reference_latency_ms": 2.5, "speedup_factor": 80.6})
+def passed(latency=0.031) -> dict:
+    return evaluation("PASSED", correctness={"max_relative_error": 0.004, "max_absolute_error": 0.002},
+                      performance={"latency_ms": latency, "reference_latency_ms": 2.5, "speedup_factor": 80.6})
+
+
+def traces() -> list[dict]:
+    """FIB 0.1.2 writes every solution's traces of a definition to one file, whatever the author."""
     failed = evaluation("RUNTIME_ERROR", log="CUDA error: an illegal memory access")
     wrong = evaluation("INCORRECT_NUMERICAL", correctness={"max_relative_error": 0.9, "max_absolute_error": 3.0})
-    return {
-        "alice": [{"definition": DEF, "workload": captured(), "solution": "py_loop", "evaluation": passed}],
-        "bob": [{"definition": DEF, "workload": captured(), "solution": "cuda_tvm", "evaluation": failed}],
-        "carol": [{"definition": DEF, "workload": captured(), "solution": "tl_kernel", "evaluation": wrong}],
-    }
+    return [{"definition": DEF, "workload": captured(), "solution": name, "evaluation": e}
+            for name, e in (("py_loop", passed()), ("cuda_tvm", failed), ("tl_kernel", wrong), ("ghost", passed(0.05)))]
 
 
 def write(path: Path, data) -> Path:
@@ -149,6 +170,8 @@ def write(path: Path, data) -> Path:
 
 def make_dataset(root: Path) -> Path:
     write(root / "definitions/mla_paged" / f"{DEF}.json", definition())
+    write(root / "definitions/mla_paged" / f"{DEF}.graph.json", {"definition": DEF, "nodes": [], "edges": []})
+    write(root / "definitions/elementwise/fp32/nested" / f"{ADD}.json", add_definition())
     blob = root / BLOB
     blob.parent.mkdir(parents=True)
     save_file({"kv_indptr": torch.tensor([0, 3, 8], dtype=torch.int32),
@@ -156,8 +179,10 @@ def make_dataset(root: Path) -> Path:
     # FIB's own weak point: random index tensors; they cannot satisfy the constraints.
     bad = workload(RANDOM_INDICES, {"batch_size": 2, "num_pages": 16, "len_indptr": 3, "num_kv_indices": 8},
                    {"kv_indptr": {"type": "random"}, "kv_indices": {"type": "random"}})
-    lines = [{"definition": DEF, "workload": w, "solution": None, "evaluation": None} for w in (captured(), bad)]
-    write(root / "workloads/mla_paged" / f"{DEF}.jsonl", lines)
+    write(root / "workloads/mla_paged" / f"{DEF}.jsonl",
+          [{"definition": DEF, "workload": w, "solution": None, "evaluation": None} for w in (captured(), bad)])
+    write(root / "workloads/elementwise" / f"{ADD}.jsonl",
+          [{"definition": ADD, "workload": add_workload(), "solution": None, "evaluation": None}])
     folder = root / "solutions"
     write(folder / "alice/mla_paged" / DEF / "py_loop.json",
           solution("py_loop", "alice", "python", {"main.py": PY_SOLUTION}, "main.py::run", destination_passing_style=False))
@@ -166,8 +191,12 @@ def make_dataset(root: Path) -> Path:
                    binding="tvm-ffi"))
     write(folder / "carol/mla_paged" / DEF / "tl_kernel.json",
           solution("tl_kernel", "carol", "tilelang", {"kernel.py": "def run():\n    pass\n"}, "kernel.py::run"))
-    for author, records in traces().items():
-        write(root / "traces" / author / "mla_paged" / f"{DEF}.jsonl", records)
+    write(folder / "dave/elementwise" / ADD / "add_torch.json",
+          solution("add_torch", "dave", "python", {"add.py": "def run(a, b):\n    return a + b\n"}, "add.py::run",
+                   definition=ADD, destination_passing_style=False))
+    write(root / "traces/mla_paged" / f"{DEF}.jsonl", traces())
+    write(root / "traces/elementwise" / f"{ADD}.jsonl",
+          [{"definition": ADD, "workload": add_workload(), "solution": "add_torch", "evaluation": passed(0.002)}])
     return root
 
 
@@ -175,21 +204,42 @@ def cli(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-@pytest.fixture(scope="module")
-def imported(tmp_path_factory):
-    """(dataset, repo, import output): a FIB dataset imported into an empty repository."""
-    dataset = make_dataset(tmp_path_factory.mktemp("fib"))
-    repo = tmp_path_factory.mktemp("repo")
-    (repo / "definitions").mkdir()
-    result = cli("import-fib", dataset, "--root", repo)
-    assert result.exit_code == 0, result.output
-    return dataset, repo, result.output
+def empty_repo(path: Path) -> Path:
+    (path / "definitions").mkdir(parents=True)
+    return path
 
+
+def files_of(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".flashbench-cache" not in p.parts}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("fib"))
+
+
+@pytest.fixture(scope="module")
+def imported(dataset, tmp_path_factory):
+    """(repo, summary): the FIB dataset imported into an empty repository."""
+    repo = empty_repo(tmp_path_factory.mktemp("repo"))
+    result = cli("import-fib", dataset, "--root", repo, "--source", "fib", "--json")
+    assert result.exit_code == 0, result.output
+    return repo, Summary.model_validate_json(result.stdout)
+
+
+def rows(summary: Summary, definition: str, kind: str, outcome: str) -> list[str]:
+    return [r.why for r in summary.rows if (r.definition, r.kind, r.outcome) == (definition, kind, outcome)]
+
+
+# --- import ----------------------------------------------------------------------------------------
 
 def test_import_writes_flashbench_layout(imported):
-    _, repo, output = imported
-    assert "1 definitions, 1 workloads, 1 blobs, 2 solutions, 3 traces" in output
+    repo, summary = imported
+    assert [summary.count(k) for k in ("definition", "workload", "blob", "solution", "trace")] == [2, 2, 1, 3, 5]
     assert json.loads((repo / "definitions/mla_paged" / f"{DEF}.json").read_text()) == definition()
+    # a definition nested two folders deep lands where flashbench keeps it
+    assert (repo / "definitions/elementwise" / f"{ADD}.json").is_file()
     workloads = Repo(repo).workload_set(DEF)
     assert workloads.version == 1 and [w.uuid for w in workloads.workloads] == [CAPTURED]
     path = workloads.workloads[0].inputs["kv_indices"].path
@@ -197,52 +247,163 @@ def test_import_writes_flashbench_layout(imported):
     assert sorted(f.solution.name for f in Repo(repo).solution_folders(DEF)) == ["cuda_tvm", "py_loop"]
     cuda = Repo(repo).solution_folders(DEF)[0].solution
     assert (cuda.language, cuda.binding, cuda.sources) == ("cuda", "tvm-ffi", ["kernel.cu", "main.cpp"])
+    assert cli("--root", repo, "validate").exit_code == 0
 
 
-def test_import_warns_about_what_it_cannot_carry(imported):
-    _, _, output = imported
-    assert f"workload {RANDOM_INDICES} not imported" in output
-    assert "binding tvm-ffi: imported" in output
-    assert "language 'tilelang' has no flashbench builder" in output
+def test_import_summary_says_what_was_skipped_and_why(imported, dataset):
+    _, summary = imported
+    [workload] = rows(summary, DEF, "workload", "skipped")
+    assert workload.startswith(f"{dataset}/workloads/mla_paged/{DEF}.jsonl: line 2: workload {RANDOM_INDICES} not imported")
+    [tilelang] = rows(summary, DEF, "solution", "skipped")
+    assert "solution tl_kernel not imported: language 'tilelang' has no flashbench builder" in tilelang
+    assert any("binding tvm-ffi: imported, but" in why for why in rows(summary, DEF, "solution", "imported"))
+    [graph] = rows(summary, "", "file", "ignored")  # JSON among the definitions that is no definition
+    assert graph.startswith(f"not a definition: {dataset}/definitions/mla_paged/{DEF}.graph.json: ")
+    assert not summary.failed
 
 
-def test_imported_repository_validates(imported):
-    _, repo, _ = imported
-    result = cli("--root", repo, "validate")
+def test_import_prints_a_table_of_what_came_and_what_did_not(dataset, tmp_path):
+    result = cli("import-fib", dataset, "--root", empty_repo(tmp_path))
     assert result.exit_code == 0, result.output
-    assert "4 valid, 0 invalid" in result.output  # definition, workload set, two solutions
+    header = next(line for line in result.output.splitlines() if "outcome" in line)
+    assert all(column in header for column in ("definition", "kind", "outcome", "count", "why"))
+    assert "tilelang" in result.output and "ignored" in result.output
+    assert result.output.rstrip().endswith("imported 2 definitions, 2 workloads, 1 blob, 3 solutions, 5 traces; "
+                                           "2 skipped, 1 ignored, 0 failed")
 
 
-def test_imported_traces_get_honest_defaults(imported):
-    _, repo, _ = imported
-    traces = {t.solution: t for t in read_traces(repo / "traces/nvidia_h100" / f"{DEF}.jsonl")}
-    passed = traces["py_loop"]
-    perf = passed.performance
-    assert (passed.status, passed.author, passed.workload) == ("PASSED", "alice", CAPTURED)
+def test_author_comes_from_the_solution_record_not_the_path(imported):
+    """FIB 0.1.2 keeps traces at traces/<op_type>/<definition>.jsonl: the first folder is no author."""
+    repo, summary = imported
+    traces = {t.solution: t for t in read_traces(imported_trace_dir(repo, "fib") / "nvidia_h100" / f"{DEF}.jsonl")}
+    assert {name: t.author for name, t in traces.items()} == {
+        "py_loop": "alice", "cuda_tvm": "bob", "tl_kernel": "carol", "ghost": "unknown"}
+    assert any("solution ghost has no record in the dataset" in why for why in rows(summary, DEF, "trace", "imported"))
+
+
+def test_imported_traces_keep_fib_figures(imported):
+    repo, _ = imported
+    traces = {t.solution: t for t in read_traces(imported_trace_dir(repo, "fib") / "nvidia_h100" / f"{DEF}.jsonl")}
+    passed_trace = traces["py_loop"]
+    perf = passed_trace.performance
+    assert (passed_trace.status, passed_trace.workload) == ("PASSED", CAPTURED)
+    assert passed_trace.model_dump()["imported_from"] == "fib"  # provenance
     assert (perf.latency_ms, perf.samples, perf.std_ms, perf.ci_low_ms, perf.ci_high_ms) == (0.031, 1, 0.0, 0.031, 0.031)
-    assert (perf.reference_latency_ms, perf.speedup) == (2.5, 80.6)
+    assert (perf.reference_latency_ms, perf.speedup) == (2.5, 80.6)  # FIB's reference latency and speedup
     assert perf.timing["method"] == "imported from FlashInfer-Bench"
-    assert passed.solution_hash == content_hash(repo / "solutions" / DEF / "py_loop")
-    assert passed.correctness["*"].max_abs_error == 0.002 and math.isnan(passed.correctness["*"].mismatch_fraction)
+    assert passed_trace.solution_hash == load_solution_folder(repo / "solutions" / DEF / "py_loop").content_hash()
+    errors = passed_trace.correctness["*"]  # FIB's one error over all outputs
+    assert errors.max_abs_error == 0.002 and math.isnan(errors.mismatch_fraction)
     assert traces["cuda_tvm"].log == "CUDA error: an illegal memory access" and traces["cuda_tvm"].performance is None
-    # Not imported (tilelang): the trace still comes in, keyed by a hash of the name.
-    assert traces["tl_kernel"].solution_hash == hashlib.sha256(b"tl_kernel").hexdigest()[:16]
+    assert traces["tl_kernel"].status == "INCORRECT_NUMERICAL"
 
 
-def test_imported_python_solution_passes_flashbench_run(imported, tmp_path):
-    _, repo, _ = imported
-    result = cli("--root", repo, "run", "--def", "mla_paged_decode", "--solution", "py_loop", "--workload", CAPTURED,
-                 "--device", "cpu", "--iters", 2, "--warmup", 0, "--trace-dir", tmp_path)
+def test_imported_traces_are_a_board_source_of_their_own(imported):
+    repo, _ = imported
+    assert read_results(repo / "traces", DEF).empty  # boards read our own runs only
+    board = read_results(imported_trace_dir(repo, "fib"), DEF)
+    assert sorted(board["solution"]) == ["cuda_tvm", "ghost", "py_loop", "tl_kernel"]
+    assert set(board["hardware"]) == {"nvidia_h100"}
+    assert set(board["timing_method"].dropna()) == {"imported from FlashInfer-Bench"}
+
+
+def test_import_twice_adds_nothing(imported, dataset):
+    repo, _ = imported
+    before = files_of(repo)
+    summary = import_fib(dataset, repo, "fib")
+    assert [summary.count(k) for k in ("definition", "workload", "blob", "solution", "trace")] == [0, 0, 0, 0, 0]
+    assert files_of(repo) == before
+
+
+def test_a_broken_record_fails_its_definition_only_and_names_file_line_and_field(tmp_path):
+    dataset = make_dataset(tmp_path / "fib")
+    path = dataset / "workloads/mla_paged" / f"{DEF}.jsonl"
+    path.write_text(path.read_text().replace('"tensor_key": "kv_indptr"', '"key": "kv_indptr"', 1))
+    repo = empty_repo(tmp_path / "repo")
+    result = cli("import-fib", dataset, "--root", repo, "--json")
+    assert result.exit_code == 1
+    summary = Summary.model_validate_json(result.stdout)
+    [failed] = summary.failed
+    assert failed.definition == DEF
+    assert f"{path}: line 1, workload.inputs.kv_indptr.safetensors.tensor_key: " in failed.why
+    assert "\n" not in failed.why
+    written = set(files_of(repo))
+    assert not [p for p in written if DEF in p or "mla_paged" in p], written  # nothing of it
+    assert f"definitions/elementwise/{ADD}.json" in written  # the other definition came in whole
+
+
+def test_a_definition_we_have_in_another_shape_is_not_imported(tmp_path):
+    dataset = make_dataset(tmp_path / "fib")
+    changed = definition()
+    changed["axes"]["num_qo_heads"]["value"] = 128
+    write(dataset / "definitions/mla_paged" / f"{DEF}.json", changed)
+    repo = copy_repo(tmp_path / "repo")  # holds our own YAML of this definition, 16 heads
+    before = files_of(repo)
+    summary = import_fib(dataset, repo, "fib")
+    [failed] = summary.failed
+    assert failed.definition == DEF and "axes.num_qo_heads.value: 16 here, 128 there" in failed.why
+    assert {k: v for k, v in files_of(repo).items() if ADD not in k} == before
+
+
+def test_a_failed_move_puts_the_repository_back_as_it_was(tmp_path, monkeypatch):
+    dataset = make_dataset(tmp_path / "fib")
+    repo = empty_repo(tmp_path / "repo")
+    import_fib(dataset, repo, "fib")
+    before = files_of(repo)
+    # A changed solution (its folder is replaced) and a new trace (its file is rewritten)...
+    source = dataset / "solutions/alice/mla_paged" / DEF / "py_loop.json"
+    source.write_text(source.read_text().replace("return out, lse", "return out, lse  # v2"))
+    newer = traces()[0] | {"evaluation": passed() | {"timestamp": "2025-09-02T12:00:00"}}
+    with open(dataset / "traces/mla_paged" / f"{DEF}.jsonl", "a") as handle:
+        handle.write(json.dumps(newer) + "\n")
+    # ...and moving the new trace file in fails (once), after the solution folder has been replaced.
+    real, moved, failure = os.replace, [], [OSError(28, "No space left on device")]
+    trace_file = imported_trace_dir(repo, "fib") / "nvidia_h100" / f"{DEF}.jsonl"
+
+    def failing(src, dst):
+        if Path(dst) == trace_file and failure:
+            raise failure.pop()
+        moved.append(Path(dst))
+        return real(src, dst)
+
+    monkeypatch.setattr(staging.os, "replace", failing)
+    summary = import_fib(dataset, repo, "fib")
+    assert [f.definition for f in summary.failed] == [DEF]
+    assert "No space left on device" in summary.failed[0].why
+    assert repo / "solutions" / DEF / "py_loop" in moved  # the new folder was in place before the failure
+    assert files_of(repo) == before
+    assert not any((repo / ".flashbench-cache" / "import-staging").iterdir())  # no staging left behind
+
+
+# --- running a FIB solution JSON as it is -------------------------------------------------------------
+
+def test_a_fib_solution_json_runs_as_a_solution_folder(imported, dataset, tmp_path):
+    repo, _ = imported
+    fib_json = dataset / "solutions/alice/mla_paged" / DEF / "py_loop.json"
+    folder = solution_from_fib_json(fib_json, tmp_path / "materialised")
+    assert solution_from_fib_json(fib_json, tmp_path / "materialised") == folder  # the same file, the same folder
+    assert (folder / "main.py").read_text() == PY_SOLUTION
+    result = cli("--root", repo, "run", "--def", "mla_paged_decode", "--solution", folder, "--workload", CAPTURED,
+                 "--device", "cpu", "--iters", 2, "--warmup", 0, "--trace-dir", tmp_path / "traces")
     assert result.exit_code == 0, result.output
-    [path] = tmp_path.glob(f"*/{DEF}.jsonl")
-    statuses = {t.solution: t.status for t in read_traces(path)}
-    assert statuses == {"reference": "PASSED", "py_loop": "PASSED"}, result.output
+    [path] = (tmp_path / "traces").glob(f"*/{DEF}.jsonl")
+    assert {t.solution: t.status for t in read_traces(path)} == {"reference": "PASSED", "py_loop": "PASSED"}
 
 
-def test_round_trip_keeps_what_both_formats_express(imported, tmp_path):
-    dataset, repo, _ = imported
-    result = cli("export-fib", tmp_path, "--root", repo)
-    assert result.exit_code == 0, result.output
+def test_a_fib_solution_json_that_cannot_run_here_says_why(dataset, tmp_path):
+    with pytest.raises(FlashbenchError, match="cannot run this solution here: language 'tilelang' has no flashbench"):
+        solution_from_fib_json(dataset / "solutions/carol/mla_paged" / DEF / "tl_kernel.json", tmp_path)
+    broken = write(tmp_path / "broken.json", solution("x", "y", "python", {"a.py": "x"}, "a.py::run") | {"spec": {}})
+    with pytest.raises(FlashbenchError, match=r"broken\.json: spec\.language: "):
+        solution_from_fib_json(broken, tmp_path)
+
+
+# --- export ----------------------------------------------------------------------------------------
+
+def test_fib_dataset_round_trip_keeps_what_both_formats_express(imported, dataset, tmp_path):
+    repo, _ = imported
+    summary = export_fib(repo, tmp_path / "out")
+    out = tmp_path / "out"
 
     def load(path):
         return json.loads(path.read_text())
@@ -250,87 +411,191 @@ def test_round_trip_keeps_what_both_formats_express(imported, tmp_path):
     def lines(path):
         return [json.loads(line) for line in path.read_text().splitlines()]
 
-    assert load(tmp_path / "definitions/mla_paged" / f"{DEF}.json") == definition()
-    [entry] = lines(tmp_path / "workloads/mla_paged" / f"{DEF}.jsonl")
+    assert summary.count("trace") == 5
+    assert load(out / "definitions/mla_paged" / f"{DEF}.json") == definition()
+    [entry] = lines(out / "workloads/mla_paged" / f"{DEF}.jsonl")
     assert entry == {"definition": DEF, "workload": captured(), "solution": None, "evaluation": None}
-    assert load_file(str(tmp_path / BLOB)).keys() == {"kv_indptr", "kv_indices"}
-    assert (tmp_path / BLOB).read_bytes() == (dataset / BLOB).read_bytes()
+    assert (out / BLOB).read_bytes() == (dataset / BLOB).read_bytes()
     for author, name in (("alice", "py_loop"), ("bob", "cuda_tvm")):
         original = load(dataset / "solutions" / author / "mla_paged" / DEF / f"{name}.json")
-        exported = load(tmp_path / "solutions" / author / "mla_paged" / DEF / f"{name}.json")
+        exported = load(out / "solutions" / author / "mla_paged" / DEF / f"{name}.json")
         for field in ("name", "definition", "author", "description"):
             assert exported[field] == original[field], field
-        assert FibBuildSpec.model_validate(exported["spec"]) == FibBuildSpec.model_validate(original["spec"])  # defaults filled
-        assert {s["path"]: s["content"] for s in exported["sources"]} == {s["path"]: s["content"] for s in original["sources"]}
-    for author, records in traces().items():
-        [exported] = lines(tmp_path / "traces" / author / "mla_paged" / f"{DEF}.jsonl")
-        for field in ("definition", "workload", "solution"):
-            assert exported[field] == records[0][field], field
-        for field in ("status", "log", "correctness", "performance", "environment", "timestamp"):
-            assert exported["evaluation"].get(field) == records[0]["evaluation"].get(field), field
+        spec = FibBuildSpec.model_validate
+        assert spec(exported["spec"]) == spec(original["spec"])  # defaults filled in
+        assert exported["sources"] == original["sources"]
+    exported = {t["solution"]: t for t in lines(out / "traces/mla_paged" / f"{DEF}.jsonl")}
+    for record in traces():
+        assert exported[record["solution"]] == record, record["solution"]  # FIB's own records come back as they were
 
 
-def test_import_twice_adds_nothing(imported):
-    dataset, repo, _ = imported
-    before = (repo / "definitions/mla_paged" / f"{DEF}.workloads.yaml").read_text()
-    result = cli("import-fib", dataset, "--root", repo)
-    assert result.exit_code == 0, result.output
-    assert "0 definitions, 0 workloads, 0 blobs, 0 solutions, 0 traces" in result.output
-    assert (repo / "definitions/mla_paged" / f"{DEF}.workloads.yaml").read_text() == before
+def our_trace(solution, workload, status, timestamp, **fields) -> Trace:
+    return Trace(definition=DECODE, workload=workload, solution=solution, solution_hash="0" * 16, author="me",
+                 hardware="NVIDIA H200", status=status, timestamp=timestamp,
+                 environment={"hardware": "NVIDIA H200", "torch": "2.13.0", "cuda": "12.8"}, **fields)
 
 
-def test_export_materialises_generated_indices_and_imports_back(repo_copy, tmp_path):
-    out = tmp_path / "fib"
-    export_fib(repo_copy, out)
-    ours = Repo(repo_copy).workload_set(DEF).workloads[0]  # smoke_empty_short: a paged_kv generator
-    [entry] = [e for e in map(json.loads, (out / "workloads/mla_paged" / f"{DEF}.jsonl").read_text().splitlines())
-               if e["workload"]["uuid"] == ours.uuid]
-    fib_workload = entry["workload"]
-    assert fib_workload["axes"] == {"batch_size": 3, "num_pages": 200, "len_indptr": 4, "num_kv_indices": 38}
-    assert fib_workload["inputs"]["sm_scale"] == {"type": "scalar", "value": ours.inputs["sm_scale"].value}
-    assert fib_workload["inputs"]["q_nope"] == {"type": "random"}
-    blob = fib_workload["inputs"]["kv_indices"]["path"]
-    assert blob == f"./blob/workloads/mla_paged/{DEF}/{ours.uuid}.safetensors"
-    generated, _ = structured_inputs(ours, "cpu")
-    assert torch.equal(load_file(str(out / blob))["kv_indices"], generated["kv_indices"])
-    # ...and back into an empty repository: it validates, with the same index tensors.
-    back = tmp_path / "back"
-    (back / "definitions").mkdir(parents=True)
-    summary = import_fib(out, back)
-    assert summary.counts["definitions"] == len(Repo(repo_copy).names()) and not summary.warnings
-    assert cli("--root", back, "validate").exit_code == 0
+DECODE, PREFILL = DEF, "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"
+KERNEL = "from .helpers import scale\n\n\ndef run(*args):\n    return scale(args)\n"
 
 
-def test_a_broken_dataset_line_names_file_line_and_field(tmp_path):
-    dataset = make_dataset(tmp_path / "fib")
-    path = dataset / "workloads/mla_paged" / f"{DEF}.jsonl"
-    path.write_text(path.read_text().replace('"tensor_key": "kv_indptr"', '"key": "kv_indptr"', 1))
-    shutil.rmtree(dataset / "traces")
-    (tmp_path / "repo/definitions").mkdir(parents=True)
-    result = cli("import-fib", dataset, "--root", tmp_path / "repo")
-    assert result.exit_code == 2
-    assert f"{path}: line 1, workload.inputs.kv_indptr.safetensors.tensor_key" in result.output
-    assert len(result.output.strip().splitlines()) == 1
+def performance(latency: float) -> Performance:
+    return Performance(latency_ms=latency, mean_ms=latency * 1.1, std_ms=0.01, min_ms=latency * 0.9, p10_ms=latency * 0.95,
+                       p90_ms=latency * 1.2, samples=40, ci_low_ms=latency * 0.98, ci_high_ms=latency * 1.02,
+                       reference_latency_ms=2.0, speedup=2.0 / latency, bytes=1e6, flops=2e9,
+                       timing={"method": "events", "l2_flush": "write+read v2"}, crosscheck={"agrees": True})
 
 
-def native_trace(status, **fields) -> Trace:
-    return Trace(definition=DEF, workload=CAPTURED, solution="mine", solution_hash="h", author="me",
-                 hardware="NVIDIA H200", status=status, timestamp="2026-01-01T00:00:00+00:00",
-                 environment={"hardware": "NVIDIA H200", "torch": "2.13.0", "triton": None, "cuda": "12.8"}, **fields)
+@pytest.fixture(scope="module")
+def ours(tmp_path_factory) -> Path:
+    """A small repository of our own: two definitions whose solutions share a name, a shared folder, an
+    empty file, and traces of every kind FIB lacks (REJECTED, CRASHED, the reference's, graph timings)."""
+    root = copy_repo(tmp_path_factory.mktemp("ours"))
+    shared = root / "solutions/_shared/torch_common"
+    shared.mkdir(parents=True)
+    (shared / "helpers.py").write_text("def scale(args):\n    return args\n")
+    for name, extra in ((DECODE, "shared: [torch_common]\ntags: [baseline]\n"), (PREFILL, "")):
+        folder = root / "solutions" / name / "torch_ref"
+        folder.mkdir(parents=True)
+        (folder / "kernel.py").write_text(KERNEL if extra else "def run(*args):\n    return args\n")
+        (folder / "__init__.py").write_text("")
+        (folder / "solution.yaml").write_text(f"name: torch_ref\ndefinition: {name}\nauthor: me\nlanguage: python\n"
+                                              f"entry_point: kernel.py::run\ndestination_passing_style: false\n{extra}")
+    first, second = [w.uuid for w in Repo(root).workload_set(DECODE).workloads[:2]]
+    events = root / "traces/nvidia_h200" / f"{DECODE}.jsonl"
+    errors = {"output": OutputError(max_abs_error=0.01, max_rel_error=0.002, mismatch_fraction=0.0),
+              "lse": OutputError(max_abs_error=0.5, max_rel_error=math.inf, mismatch_fraction=0.25)}
+    for trace in (
+        our_trace("reference", first, "PASSED", "2026-01-01T00:00:00+00:00", performance=performance(2.0)),
+        our_trace("torch_ref", first, "PASSED", "2026-01-01T00:00:01+00:00", performance=performance(0.5),
+                  correctness=errors, solution_tags=["baseline"], workload_name="smoke_empty_short", isolation="namespaces"),
+        our_trace("torch_ref", second, "REJECTED", "2026-01-01T00:00:02+00:00", message="inputs changed by the call",
+                  correctness=errors, log="worker log"),
+        our_trace("gone", first, "CRASHED", "2026-01-01T00:00:03+00:00", message="worker died (SIGSEGV)"),
+    ):
+        append_trace(events, trace)
+    append_trace(root / "traces/nvidia_h200" / f"{DECODE}.graph.jsonl",
+                 our_trace("torch_ref", first, "PASSED", "2026-01-01T00:00:04+00:00", performance=performance(0.4)))
+    return root
 
 
-def test_flashbench_results_are_written_as_fib_evaluations():
-    errors = {"output": OutputError(max_abs_error=0.1, max_rel_error=0.2, mismatch_fraction=0.0),
-              "lse": OutputError(max_abs_error=0.3, max_rel_error=0.05, mismatch_fraction=0.0)}
-    performance = Performance(latency_ms=1.5, mean_ms=1.6, std_ms=0.1, min_ms=1.4, p10_ms=1.45, p90_ms=1.7, samples=50,
-                              ci_low_ms=1.48, ci_high_ms=1.52, reference_latency_ms=3.0, speedup=2.0, timing={})
-    passed = evaluation_to_fib(native_trace("PASSED", correctness=errors, performance=performance))
-    assert passed.correctness.model_dump() == {"max_relative_error": 0.2, "max_absolute_error": 0.3}  # worst output
-    assert passed.performance.model_dump() == {"latency_ms": 1.5, "reference_latency_ms": 3.0, "speedup_factor": 2.0}
-    assert passed.environment.model_dump() == {"hardware": "NVIDIA H200", "libs": {"torch": "2.13.0", "cuda": "12.8"}}
-    crashed = evaluation_to_fib(native_trace("CRASHED", message="worker died (SIGSEGV)", log="Segmentation fault"))
-    assert (crashed.status, crashed.correctness, crashed.performance) == ("RUNTIME_ERROR", None, None)
-    assert crashed.log == "flashbench status CRASHED: worker died (SIGSEGV)\nSegmentation fault"
+@pytest.fixture(scope="module")
+def exported(ours, tmp_path_factory) -> tuple[Path, Summary]:
+    out = tmp_path_factory.mktemp("export") / "fib"
+    return out, export_fib(ours, out)
+
+
+def test_export_loads_in_flashinfer_bench(exported, ours):
+    data = pytest.importorskip(
+        "flashinfer_bench.data", reason="flashinfer-bench 0.1.2 is not installed; CI installs it with "
+        "`pip install --no-deps flashinfer-bench==0.1.2 docstring-parser`")
+    out, _ = exported
+    trace_set = data.TraceSet.from_path(str(out))  # FIB's own loader: every record validated by its models
+    assert set(trace_set.definitions) == {DECODE, PREFILL}
+    names = {s.name: s.definition for solutions in trace_set.solutions.values() for s in solutions}
+    assert names == {f"torch_ref_{hashlib.sha256(d.encode()).hexdigest()[:8]}": d for d in (DECODE, PREFILL)}
+    decode_name = next(n for n, d in names.items() if d == DECODE)
+    outcomes = sorted((t.solution, t.evaluation.status.value) for t in trace_set.traces[DECODE])
+    assert outcomes == [("gone", "RUNTIME_ERROR"), (decode_name, "INCORRECT_NUMERICAL"), (decode_name, "PASSED")]
+    assert len(trace_set.workloads[DECODE]) == len(Repo(ours).workload_set(DECODE).workloads)
+    best = trace_set.get_best_trace(DECODE, max_abs_error=1.0, max_rel_error=math.inf)
+    assert best.solution == decode_name and best.evaluation.performance.latency_ms == 0.5
+
+
+def test_export_keeps_what_fib_cannot_hold(exported, ours):
+    out, summary = exported
+    decode_name = f"torch_ref_{hashlib.sha256(DECODE.encode()).hexdigest()[:8]}"
+    side = json.loads((out / "flashbench.json").read_text())
+    assert side["solutions"][decode_name] == {"definition": DECODE, "name": "torch_ref"}
+    assert side["timing"] == "events"
+    records = {(t["solution"], t["evaluation"]["status"]): t
+               for t in map(json.loads, (out / "traces/mla_paged" / f"{DECODE}.jsonl").read_text().splitlines())}
+    rejected = records[(decode_name, "INCORRECT_NUMERICAL")]
+    assert rejected["flashbench"]["status"] == "REJECTED"  # not a RUNTIME_ERROR, and the exact status kept
+    assert rejected["evaluation"]["log"] == "flashbench REJECTED: inputs changed by the call\nworker log"
+    assert rejected["evaluation"]["correctness"] == {"max_relative_error": "Infinity", "max_absolute_error": 0.5}
+    assert "performance" not in rejected["evaluation"]
+    kept = records[(decode_name, "PASSED")]
+    assert kept["evaluation"]["performance"] == {"latency_ms": 0.5, "reference_latency_ms": 2.0, "speedup_factor": 4.0}
+    assert kept["flashbench"]["performance"]["p90_ms"] == 0.6 and kept["flashbench"]["solution_tags"] == ["baseline"]
+    assert records[("gone", "RUNTIME_ERROR")]["flashbench"]["status"] == "CRASHED"
+    [reference] = read_traces(out / "flashbench/reference_traces" / f"{DECODE}.jsonl")  # FIB has no reference traces
+    assert reference.performance.latency_ms == 2.0
+    definition_record = json.loads((out / "definitions/mla_paged" / f"{DECODE}.json").read_text())
+    assert definition_record["flashbench"]["tolerances"] == json.loads(
+        Repo(ours).definition(DECODE).model_dump_json(include={"tolerances"}))["tolerances"]
+    solution_record = json.loads((out / "solutions/me/mla_paged" / DECODE / f"{decode_name}.json").read_text())
+    assert {s["path"] for s in solution_record["sources"]} == {"kernel.py", "helpers.py"}  # the shared file inline
+    assert solution_record["flashbench"]["empty_files"] == ["__init__.py"]  # FIB refuses empty sources
+    assert not (out / "blob").exists()  # generated inputs need no blob by default
+    assert summary.count("trace") == 4 and not [r for r in summary.rows if r.outcome in ("skipped", "failed")]
+
+
+def test_export_then_import_gives_the_repository_back(exported, ours, tmp_path):
+    out, _ = exported
+    back = empty_repo(tmp_path / "back")
+    summary = import_fib(out, back, "ours")
+    assert not summary.failed and not [r for r in summary.rows if r.outcome in ("skipped", "ignored")], summary.rows
+    for relative in ("solutions/_shared/torch_common", f"solutions/{DECODE}/torch_ref", f"solutions/{PREFILL}/torch_ref"):
+        assert files_of(back / relative) == files_of(ours / relative), relative  # byte for byte: hashes hold
+    original, again = Repo(ours), Repo(back)
+    for name in (DECODE, PREFILL):
+        assert again.workload_set(name) == original.workload_set(name)
+        assert again.definition(name).tolerances == original.definition(name).tolerances
+        assert again.definition(name).cost == original.definition(name).cost
+    mine = read_traces(ours / "traces/nvidia_h200" / f"{DECODE}.jsonl")
+    theirs = read_traces(imported_trace_dir(back, "ours") / "nvidia_h200" / f"{DECODE}.jsonl")
+    def without_source(traces):
+        return sorted(t.model_dump_json(exclude={"imported_from"}) for t in traces)
+
+    assert without_source(theirs) == without_source(mine)
+    assert {t.model_dump()["imported_from"] for t in theirs} == {"ours"}
+
+
+def test_export_writes_index_blobs_on_request(ours, tmp_path):
+    export_fib(ours, tmp_path / "fib", index_blobs=True)
+    smoke = Repo(ours).workload_set(DECODE).workloads[0]  # smoke_empty_short: a paged_kv generator
+    lines = (tmp_path / "fib/workloads/mla_paged" / f"{DECODE}.jsonl").read_text().splitlines()
+    [entry] = [e for e in map(json.loads, lines) if e["workload"]["uuid"] == smoke.uuid]
+    record = entry["workload"]
+    assert record["axes"] == {"batch_size": 3, "num_pages": 200, "len_indptr": 4, "num_kv_indices": 38}
+    assert record["inputs"]["sm_scale"] == {"type": "scalar", "value": smoke.inputs["sm_scale"].value}
+    assert record["inputs"]["q_nope"] == {"type": "random"}
+    blob = record["inputs"]["kv_indices"]["path"]
+    assert blob == f"./blob/workloads/mla_paged/{DECODE}/{smoke.uuid}.safetensors"
+    generated, _ = structured_inputs(smoke, "cpu")
+    assert torch.equal(load_file(str(tmp_path / "fib" / blob))["kv_indices"], generated["kv_indices"])
+    assert record["flashbench"]["generate"][0]["generator"] == "paged_kv"  # flashbench remakes them, blob or not
+
+
+def test_export_refuses_a_folder_that_holds_something(ours, tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out/keep.txt").write_text("mine")
+    with pytest.raises(FlashbenchError, match="exists and is not an empty folder"):
+        export_fib(ours, tmp_path / "out")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no partial export left beside it
+
+
+# --- conversions -----------------------------------------------------------------------------------
+
+def test_solution_names_are_unique_across_definitions():
+    names = fib_names({("a", "triton"), ("b", "triton"), ("a", "cuda")})
+    assert names[("a", "cuda")] == "cuda"
+    assert names[("a", "triton")] == f"triton_{hashlib.sha256(b'a').hexdigest()[:8]}"
+    assert len(set(names.values())) == 3
+
+
+def test_statuses_fib_lacks_map_to_the_nearest_and_keep_the_exact_one():
+    rejected = evaluation_to_fib(our_trace("mine", CAPTURED, "REJECTED", "t", message="outputs alias an input"))
+    assert (rejected.status, rejected.performance) == ("INCORRECT_NUMERICAL", None)
+    assert math.isnan(rejected.correctness.max_absolute_error)  # no error was measured: no FIB filter passes it
+    assert rejected.log == "flashbench REJECTED: outputs alias an input\n"
+    crashed = evaluation_to_fib(our_trace("mine", CAPTURED, "CRASHED", "t", message="worker died (SIGSEGV)",
+                                          log="Segmentation fault"))
+    assert (crashed.status, crashed.correctness, crashed.log) == (
+        "RUNTIME_ERROR", None, "flashbench CRASHED: worker died (SIGSEGV)\nSegmentation fault")
+    missing = evaluation_to_fib(our_trace("mine", CAPTURED, "MISSING_DEPENDENCY", "t"))
+    assert (missing.status, missing.log) == ("COMPILE_ERROR", "flashbench MISSING_DEPENDENCY\n")
 
 
 def test_older_fib_spellings_are_normalised():
@@ -342,3 +607,8 @@ def test_older_fib_spellings_are_normalised():
     ours = Definition.model_validate(definition_to_ours(FibDefinition.model_validate(data)))
     assert ours.inputs["q_pe"].dtype == "float8_e4m3fn" and ours.inputs["sm_scale"].shape is None
     assert (ours.description, ours.tags, ours.constraints, ours.axes["batch_size"].description) == ("", [], [], "")
+
+
+def test_not_a_dataset_is_bad_input(tmp_path):
+    result = cli("import-fib", tmp_path, "--root", empty_repo(tmp_path / "repo"))
+    assert result.exit_code == 2 and "not a FlashInfer-Bench dataset" in result.output

@@ -5,8 +5,11 @@ timing method of each candidate; resuming after the runner was killed, and a kil
 workers ending with it; a Triton solution under the interpreter. (tests/test_session.py has the
 judging of one job in detail, tests/test_adversarial.py the attacks.)"""
 
+import importlib.util
 import json
 import os
+import py_compile
+import shutil
 import signal
 import subprocess
 import sys
@@ -147,6 +150,33 @@ def test_correct_solution_after_the_failures_passes_and_is_timed(corpus_run):
         assert trace.performance.speedup is None
         assert trace.correctness["output"].mismatch_fraction == 0.0
         assert trace.log == ""
+
+
+def standalone_copy(fixture: str, folder: Path) -> Path:
+    """A fixture copied where no solutions tree holds its shared folder: with that folder's files in it."""
+    shutil.copytree(FIXTURES / fixture, folder)
+    for shared in (FIXTURES.parent / "_shared" / "decode_support").iterdir():
+        shutil.copy(shared, folder / shared.name)
+    manifest = folder / "solution.yaml"
+    manifest.write_text(manifest.read_text().replace("shared: [decode_support]\n", ""))
+    return folder
+
+
+def test_only_the_files_the_hash_covers_can_run(repo_copy, shared_cache, tmp_path):
+    """Compiled bytecode beside the source, and code posing as documentation, are left out of the
+    content hash: the worker's copy of the folder holds neither, so neither can run."""
+    shadowed = standalone_copy("correct_dps", tmp_path / "shadowed")
+    (tmp_path / "evil.py").write_text("def run(*args):\n    for out in args[-2:]:\n        out.zero_()\n")
+    py_compile.compile(str(tmp_path / "evil.py"), cfile=importlib.util.cache_from_source(str(shadowed / "kernel.py")),
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    notes = standalone_copy("correct_dps", tmp_path / "notes")
+    (notes / "solution.yaml").write_text((notes / "solution.yaml").read_text().replace("correct_dps", "notes"))
+    (notes / "NOTES.md").write_text((notes / "kernel.py").read_text())
+    (notes / "kernel.py").write_text("from pathlib import Path\nexec((Path(__file__).parent / 'NOTES.md').read_text())\n")
+    result = run_solutions(repo_copy, shared_cache, tmp_path, [shadowed, notes], workloads=["smoke_mixed"])
+    by_name = {t.solution: t for t in result.traces}
+    assert by_name["correct_dps"].status == "PASSED"  # its source ran, not the bytecode beside it
+    assert by_name["notes"].status == "INVALID_SOLUTION" and "FileNotFoundError" in by_name["notes"].message
 
 
 def test_hang_times_out_and_the_run_goes_on(repo_copy, shared_cache, tmp_path):

@@ -404,6 +404,22 @@ def test_the_network_is_out_of_reach_only_in_namespaces(probe_dir, isolation):
     assert (found["connect"] == "ok") == (isolation == "process")
 
 
+def test_a_pth_file_planted_in_the_workers_home_never_runs(probe_dir, isolation, tmp_path):
+    """The worker's HOME is its build folder, which it may write and which lasts: a .pth file it plants
+    in the user site-packages there must not run when the next worker's interpreter starts (before
+    its sandbox exists)."""
+    home, evidence = tmp_path / "home", tmp_path / "pth-ran"
+    planted = home / ".local" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    planted.mkdir(parents=True)
+    (planted / "planted.pth").write_text(f"import pathlib; pathlib.Path({str(evidence)!r}).touch()\n")
+    environment = sandbox.worker_environment({"PYTHONPATH": str(probe_dir), "HOME": str(home)})
+    done = subprocess.run(command(isolation, sandbox.SandboxSpec(), "environment"), env=environment,
+                          capture_output=True, text=True, timeout=LIFETIME_S, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["HOME"] == str(home)
+    assert not evidence.exists()
+
+
 def test_the_worker_gets_an_allow_listed_environment(probe_dir, isolation, monkeypatch):
     monkeypatch.setenv("FLASHBENCH_SECRET_TEST", "secret")
     monkeypatch.setenv("XDG_CACHE_HOME", "/runner/cache")

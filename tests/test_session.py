@@ -22,9 +22,12 @@ import torch
 from flashbench import Repo
 from flashbench.build import content_hash
 from flashbench.run import RunOptions, Runner, sandbox, select_solutions, select_workloads
+from flashbench.run.judge.check import CheckedCall
 from flashbench.run.judge.references import ReferenceStore
 from flashbench.run.options import MIN_BATCHES
-from flashbench.run.session import SessionSettings, _Check, _Job, _poison, _Stop, _Times
+from flashbench.run.session import SessionSettings, _Job, _poison, _Stop, _Times
+from flashbench.run.protocol import Batch
+from flashbench.run.supervisor import WorkerProcess
 
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
 FIXTURES = Path(__file__).parent / "fixtures" / "solutions" / DEFINITION
@@ -36,7 +39,7 @@ SETS = 2  # input sets; with warmup 0, a job's first three calls are the untimed
 FINGERPRINTS = f'''
 import hashlib, os, sys
 import torch
-sys.path.insert(0, {str(FIXTURES / "_shared")!r})
+sys.path.insert(0, {str(FIXTURES.parent / "_shared" / "decode_support")!r})
 from decode_math import decode_into
 
 
@@ -127,6 +130,21 @@ def test_the_inputs_of_every_call_differ(judged, shared_cache):
     assert [n for n in Counter(calls).values() if n > 1] == [2]
 
 
+def test_no_reference_is_computed_between_batches(repo_copy, shared_cache, tmp_path, monkeypatch):
+    """The judge's pauses between batches must not depend on which calls are checked: every reference
+    of a timed call is computed after the job's last batch (on inputs replayed from the seeds)."""
+    events = []
+    timed_ask, compute = WorkerProcess.timed_ask, ReferenceStore.compute
+    monkeypatch.setattr(WorkerProcess, "timed_ask", lambda self, request, *a: (
+        events.append("batch") if isinstance(request, Batch) else None) or timed_ask(self, request, *a))
+    monkeypatch.setattr(ReferenceStore, "compute", lambda self, *a: events.append("reference") or compute(self, *a))
+    result, _ = run(repo_copy, shared_cache, tmp_path, [FIXTURES / "correct_dps"], checked_calls=2)
+    assert [t.status for t in result.traces] == ["PASSED"]
+    first_batch, last_batch = events.index("batch"), len(events) - 1 - events[::-1].index("batch")
+    assert events.count("batch") >= 4 and events[last_batch + 1:].count("reference") >= 2
+    assert "reference" not in events[first_batch:last_batch]
+
+
 def test_identical_calls_must_agree(judged):
     _, traces, _ = judged
     assert "outputs change between identical calls" in traces["nondeterministic"].message
@@ -156,7 +174,7 @@ def test_a_run_at_level_process_checking_one_timed_call(repo_copy, shared_cache,
                     isolation="process", checked_calls=1)
     (trace,) = result.traces
     assert (result.isolation, trace.isolation, trace.status) == ("process", "process", "PASSED")
-    assert trace.performance.timing["checked_calls"] == 1
+    assert trace.performance.timing["checked_calls"] == trace.performance.timing["batches"]  # one in every batch
 
 
 # The session's rules, without a worker.
@@ -176,7 +194,7 @@ def job(graph=False, checked_calls=None, slots=8, device="cpu", definition=None)
     stand_in.worker = SimpleNamespace(log_tail=lambda: "the worker's log")
     stand_in.arena_sets = [{} for _ in range(3)]
     stand_in.arena_slots = [{} for _ in range(slots)]
-    stand_in.checks = []
+    stand_in.history, stand_in.reads = [], []
     stand_in.times = _Times()
     return stand_in
 
@@ -198,12 +216,14 @@ def test_every_timed_call_can_be_picked():
     assert sorted((b, k) for b, ks in picked.items() for k in ks) == [(b, k) for b in range(3) for k in range(4)]
 
 
-def test_a_number_of_checked_calls_picks_that_many_distinct_calls():
+def test_a_number_of_checked_calls_picks_that_many_distinct_calls_and_one_in_every_batch():
     picked = job(checked_calls=5).pick_checks(batches=3, size=4)
     chosen = [(b, k) for b, ks in picked.items() for k in ks]
     assert len(chosen) == len(set(chosen)) == 5
     assert all(0 <= b < 3 and 0 <= k < 4 for b, k in chosen)
     assert sum(len(ks) for ks in job(checked_calls=100).pick_checks(batches=2, size=2).values()) == 4
+    # Fewer checks asked for than there are batches: still one in each, so no batch is known unchecked.
+    assert {b: len(ks) for b, ks in job(checked_calls=1).pick_checks(batches=6, size=50).items()} == {b: 1 for b in range(6)}
 
 
 def test_under_graph_replay_only_the_last_call_on_each_set_can_be_picked():
@@ -216,7 +236,7 @@ def timed(judge_ms, worker_ms, device="cpu") -> _Job:
     size = len(worker_ms) // len(judge_ms)
     stand_in.times = _Times(batch_ms=[ms * size for ms in judge_ms], baseline_ms=[0.0] * len(judge_ms),
                             batch_sizes=[size] * len(judge_ms), worker_ms=worker_ms)
-    stand_in.checks = [None] * (3 + 1 + 5)  # the untimed checks, then 5 timed calls
+    stand_in.reads = [None] * (3 + 1 + 5)  # the untimed checks, then 5 timed calls
     return stand_in
 
 
@@ -266,8 +286,9 @@ def outputs(shift=0.0):
 
 
 def checked(definition, *checks) -> _Job:
+    """A job whose picked calls and their references are given."""
     stand_in = job(definition=definition)
-    stand_in.checks = [_Check(label, got, expected) for label, got, expected in checks]
+    stand_in.expected_outputs = lambda: [CheckedCall(label, got, expected) for label, got, expected in checks]
     return stand_in
 
 

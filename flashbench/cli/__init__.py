@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 import click
-import torch
 from rich.console import Console
 from rich.markup import escape
 
@@ -66,24 +65,5 @@ def repo_from(ctx):
     return Repo(ctx.obj)
 
 
-def resolve_device(name: str | None) -> str:
-    """A --device checked before any work starts: cpu, cuda or cuda:N of a visible GPU; None: cuda
-    when a GPU is visible, else cpu."""
-    from ..run import default_device
-
-    if name is None:
-        return default_device()
-    kind, colon, index = name.partition(":")
-    if name == "cpu":
-        return name
-    if kind != "cuda" or (colon and not index.isdigit()):
-        raise FlashbenchError(f"--device {name!r} is not a device flashbench runs on; give cpu, cuda or cuda:N")
-    if not torch.cuda.is_available():
-        raise FlashbenchError(f"--device {name}: no CUDA device is visible; run with --device cpu, or on a machine with a GPU")
-    count = torch.cuda.device_count()
-    if colon and int(index) >= count:
-        raise FlashbenchError(f"--device {name}: no GPU {index}, {count} visible; give cuda:0 to cuda:{count - 1}")
-    return name
-
-
+from ..api import resolve_device  # noqa: E402,F401  (the commands check --device with it)
 from . import calibrate, definitions, interop, leaderboard, run  # noqa: E402,F401  (registers the commands)

@@ -51,10 +51,14 @@ def show(ctx, name):
     console.print("[bold]constraints[/]")
     for constraint in definition.constraints:
         console.print(f"  {constraint}", highlight=False, markup=False)
-    console.print("[bold]tolerances[/]")
-    for output in definition.outputs:
-        tol = definition.tolerance(output)
-        console.print(f"  {output}: atol={tol.atol} rtol={tol.rtol} max_mismatch_fraction={tol.max_mismatch_fraction}")
+    evaluator = definition.evaluator
+    settings = " ".join(f"{k}={v}" for k, v in evaluator.model_dump(exclude={"kind"}).items())
+    console.print(f"[bold]evaluator[/] {evaluator.kind} {settings}".rstrip(), highlight=False)
+    if evaluator.kind == "allclose":  # the other evaluators have no per-output tolerances
+        console.print("[bold]tolerances[/]")
+        for output in definition.outputs:
+            tol = definition.tolerance(output)
+            console.print(f"  {output}: atol={tol.atol} rtol={tol.rtol} max_mismatch_fraction={tol.max_mismatch_fraction}")
     if definition.cost:
         console.print("[bold]cost model[/]")
         console.print(f"  bytes: {definition.cost.bytes}\n  flops: {definition.cost.flops}", highlight=False, markup=False)

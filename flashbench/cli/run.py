@@ -13,43 +13,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 from rich.table import Table
 
-from ..calibrate import load_calibration
-from ..environment import hardware_name
+from ..api import run_options, run_report
 from ..errors import FlashbenchError
-from ..model.run_report import HOST_CLOCK, RunReport
+from ..model.run_report import HOST_CLOCK
 from ..registry import load_solution_folder
 from ..traces import TIMING_METHODS
-from ..run import RunOptions, RunResult, Runner, install_solution, parse_devices, select_solutions, select_workloads
+from ..run import RunOptions, RunResult, Runner, install_solution, select_solutions, select_workloads
 from ..run.recipe import DEFAULT_FLUSH, FLUSH_METHODS
-from . import INTERRUPTED, console, errors, main, repo_from, resolve_device
+from . import INTERRUPTED, console, errors, main, repo_from
 
 STATUS_STYLE = {"PASSED": "green", "MISSING_DEPENDENCY": "yellow"}
 NOT_APPLICABLE = "—"  # a figure that means nothing here (a rate from a host clock): never a 0
-
-
-def run_options(device, warmup, iters, seed, timeout, timing, resume, save, trace_dir,
-                devices=None, backend="local", address=None, flush=DEFAULT_FLUSH, checked_calls=None) -> RunOptions:
-    pool = device_pool(device, devices, backend, address)
-    device = pool[0] if pool else resolve_device(device)
-    on_cpu = device == "cpu"
-    return RunOptions(
-        device=device, devices=pool, backend=backend, ray_address=address,
-        warmup=warmup if warmup is not None else (1 if on_cpu else 10),
-        iters=iters if iters is not None else (5 if on_cpu else 100), seed=seed, timeout=timeout,
-        timing=timing, resume=resume, save=save, trace_dir=trace_dir, flush=flush, checked_calls=checked_calls,
-    )
-
-
-def device_pool(device, devices, backend, address) -> list[str] | None:
-    if address and backend != "ray":
-        raise FlashbenchError("--address is for --backend ray")
-    if devices is None:
-        return None
-    if device:
-        raise FlashbenchError("give --device or --devices, not both")
-    if backend == "ray":
-        raise FlashbenchError("--devices is for the local backend; Ray gives every job a device of its own")
-    return parse_devices(devices)
 
 
 def device_label(options: RunOptions) -> str:
@@ -155,19 +129,6 @@ def rate(value: float) -> str:
     return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
 
 
-def run_report(command, repo, definition_name, options, result, interrupted, submitted_to=None) -> RunReport:
-    hardware = hardware_name(options.device)
-    calibration = load_calibration(options.trace_dir or repo.root / "traces", hardware)
-    return RunReport.from_traces(
-        result.traces, calibration, str(result.trace_file) if options.save else None,
-        command=command, definition=definition_name, hardware=hardware, devices=options.devices or [options.device],
-        backend=options.backend, timing_method=options.timing if options.on_gpu else HOST_CLOCK,
-        isolation=result.isolation or None, interrupted=interrupted,
-        skipped=len(result.skipped), skipped_failed=sum(t.status != "PASSED" for t in result.skipped),
-        submitted_to=submitted_to,
-    )
-
-
 def human_output(as_json: bool):
     """With --json, stdout carries the one document: what is meant for people (progress, tables, and
     any stray print) goes to stderr instead."""
@@ -229,7 +190,7 @@ json_option = click.option(
 
 @main.command()
 @click.option("--def", "definition", required=True, help="Definition name or unique prefix.")
-@click.option("--solution", "solutions", multiple=True, help="Solution name or folder (repeatable; default: all; 'reference' alone: only the reference).")
+@click.option("--solution", "solutions", multiple=True, help="Solution name, folder, or FlashInfer-Bench solution JSON (repeatable; default: all; 'reference' alone: only the reference).")
 @click.option("--workload", "workloads", multiple=True, help="Workload uuid, name or tag (repeatable; default: all, or 'smoke' on CPU).")
 @timing_options
 @click.option("--devices", default=None,
@@ -263,7 +224,7 @@ def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, flus
     name = repo.resolve(definition)
     options = run_options(device, warmup, iters, seed, timeout, timing, resume, not no_save, trace_dir,
                           devices, backend, address, flush, checked_calls)
-    folders = select_solutions(repo, name, list(solutions))
+    folders = select_solutions(repo, name, list(solutions), options.cache_dir)
     chosen = select_workloads(repo, name, list(workloads), options.device)
     with human_output(as_json):
         result, interrupted = execute(repo, name, folders, chosen, options)

@@ -1,254 +1,475 @@
 """`flashbench import-fib`: a FlashInfer-Bench dataset into a flashbench repository.
 
-A dataset that breaks FIB's own format is an error (one line naming file and field). Content that
-is valid FIB but that flashbench cannot express or check (an unknown language, a workload whose
-index tensors break the definition's constraints, ...) is skipped with a warning; nothing is
-guessed. Importing twice adds nothing new: workloads are merged by uuid and traces by
-(solution, workload, timestamp).
+All or nothing per definition: its definition, workload set, blobs, solution folders and traces are
+prepared in a staging folder and moved into the repository only once all of them are ready (and put
+back as they were if a move fails). A record that breaks FIB's format fails its definition, and the
+summary names file, line and field. Valid FIB content that flashbench cannot express or check (an
+unknown language, a workload whose index tensors break the definition's constraints, ...) is
+skipped with the reason; nothing is guessed. A file that holds no FIB record (a graph JSON among
+the definitions, say) is ignored with a note.
+
+Imported traces are a board source of their own, traces/imported/<source>/<hardware>/<definition>.jsonl,
+each marked `imported_from: <source>`: boards read traces/<hardware>/ and never see them unless asked.
+Importing twice adds nothing: workloads merge by uuid, traces by (solution, workload, timestamp).
 """
 
+import filecmp
 import hashlib
 import json
 import math
 import re
 import shutil
+from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import yaml
 
 from ..binding import BindingError
-from ..build import content_hash
+from ..build import CACHE_DIR_NAME
 from ..errors import FlashbenchError
-from ..model import Definition, OutputError, Performance, Solution, Trace, Workload, WorkloadSet, parse_model
+from ..model import Definition, OutputError, Performance, Trace, Workload, WorkloadSet, load_model, parse_model
+from ..model.solution import SHARED_FOLDER
 from ..reference import load_reference
-from ..registry import Repo
-from ..traces import append_trace, read_traces, trace_path
-from ..validate import validate
+from ..registry import WORKLOADS_SUFFIX, Repo, load_solution_folder
+from ..traces import hardware_slug, trace_file_name
 from ..workloads import generate_inputs
 from . import fib_model as fib
+from .fib_solution import (FolderPlan, check_folder, holds_exactly, plan_folder, safe_name, same_files, write_files,
+                           write_folder)
+from .staging import Staging
 from .summary import Summary
 
 ALL_OUTPUTS = "*"  # FIB records one error over all outputs; flashbench keys errors by output name
 IMPORTED_TIMING = "imported from FlashInfer-Bench"
-COMPILED_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx")
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+IMPORTED = "imported"  # traces/imported/<source>/: results from elsewhere, a board source of their own
+FIB_SOURCE = "FlashInfer-Bench"  # environment.source of a trace FIB measured
 _FOLDER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def import_fib(dataset: Path, root: Path) -> Summary:
+def import_fib(dataset: Path, root: Path, source: str | None = None) -> Summary:
+    """`source` names the board source the traces go to (default: the dataset folder's name)."""
     dataset, root = Path(dataset).resolve(), Path(root).resolve()
     if not (dataset / "definitions").is_dir():
         raise FlashbenchError("not a FlashInfer-Bench dataset: it has no definitions/ folder", dataset)
     if not (root / "definitions").is_dir():
         raise FlashbenchError("not a flashbench repository: it has no definitions/ folder", root)
-    return Importer(dataset, root).run()
+    return Importer(dataset, root, safe_name(source or dataset.name)).run()
 
 
-def safe_name(name: str) -> str:
-    """A name usable as a flashbench solution name and folder."""
-    return _SAFE_NAME.sub("_", name).strip("._") or "unnamed"
+def imported_trace_dir(root: Path, source: str) -> Path:
+    """The trace folder of one imported source: the same layout as traces/ (<hardware>/<definition>.jsonl)."""
+    return Path(root) / "traces" / IMPORTED / source
 
 
-class Importer:
-    def __init__(self, dataset: Path, root: Path):
-        self.dataset, self.root = dataset, root
-        self.summary = Summary()
-        self.repo = Repo(root)
-        self.workload_sets: dict[str, WorkloadSet] = {}
-        self.new_workloads: dict[str, list[Workload]] = {}
-        self.solutions: dict[tuple[str, str], tuple[Path, str]] = {}  # (definition, FIB name) -> (folder, author)
-        self.unknown: set[tuple[str, str]] = set()  # (file, definition) already warned about
-        self.rejected: set[str] = set()  # workload uuids already warned about
+# --- finding what the dataset holds ----------------------------------------------------------------
 
-    def run(self) -> Summary:
-        for path in sorted(self.dataset.glob("definitions/*/*.json")):
-            self.add_definition(path, fib.read_json(fib.FibDefinition, path))
-        self.repo = Repo(self.root)  # sees the definitions just written
-        for path in sorted(self.dataset.glob("workloads/**/*.jsonl")):
-            for number, record in fib.read_jsonl(fib.FibTrace, path):
-                self.add_workload(record.definition, record.workload, path, f"line {number}")
-        for path in sorted(self.dataset.glob("solutions/**/*.json")):
-            self.add_solution(path, fib.read_json(fib.FibSolution, path))
-        for path in sorted(self.dataset.glob("traces/**/*.jsonl")):
-            self.add_traces(path)
-        self.write_workload_sets()
-        return self.summary
+@dataclass
+class SolutionFile:
+    path: Path
+    definition: str
+    author: str
 
-    # --- definitions ----------------------------------------------------------------------------
 
-    def add_definition(self, path: Path, record: fib.FibDefinition) -> None:
-        self._warn_extra(path, record)
-        data = definition_to_ours(record)
-        try:
-            definition = parse_model(Definition, data, path)
-            load_reference(definition, self.root, path)
-        except FlashbenchError as exc:
-            self.summary.warn(exc, "definition not imported")
-            return
-        if not _FOLDER_NAME.fullmatch(definition.op_type) or definition.op_type in (".", ".."):
-            return self.summary.warn(path, f"op_type: {definition.op_type!r} cannot be a folder name; not imported")
-        target = self.root / "definitions" / definition.op_type / f"{definition.name}.json"
-        existing = self.repo.definition_files.get(definition.name)
-        if existing and existing.path != target:
-            return self.summary.warn(path, f"{definition.name} is already defined in {existing.path}; kept that one")
-        text = json.dumps(data, indent=2) + "\n"
-        if target.is_file() and target.read_text() == text:
-            return
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-        self.summary.counts["definitions"] += 1
+@dataclass
+class Dataset:
+    """Which file holds what, found by one pass that keeps no record bodies in memory."""
 
-    def _warn_extra(self, path: Path, record: fib.FibModel) -> None:
-        if record.model_extra:
-            self.summary.warn(path, f"field(s) {', '.join(record.model_extra)} have no flashbench equivalent; dropped")
+    root: Path
+    definitions: dict[str, Path] = field(default_factory=dict)
+    solutions: dict[str, SolutionFile] = field(default_factory=dict)  # by FIB name: unique dataset-wide
+    workload_files: dict[str, list[Path]] = field(default_factory=lambda: defaultdict(list))
+    trace_files: dict[str, list[Path]] = field(default_factory=lambda: defaultdict(list))
+    timing: str = "events"  # how its traces were timed: an export of graph timings says so in flashbench.json
 
-    # --- workloads ------------------------------------------------------------------------------
+    def names(self) -> set[str]:
+        return (set(self.definitions) | set(self.workload_files) | set(self.trace_files)
+                | {s.definition for s in self.solutions.values()} | set(self.reference_traces()))
 
-    def known_definition(self, name: str, path: Path) -> Definition | None:
-        if name in self.repo.definition_files:
-            return self.repo.definition(name)
-        if (str(path), name) not in self.unknown:
-            self.unknown.add((str(path), name))
-            self.summary.warn(path, f"definition {name!r} is not in the repository; its records are skipped")
+    def reference_traces(self) -> dict[str, Path]:
+        """flashbench's reference traces of an export (FIB has no place for them)."""
+        return {p.stem: p for p in sorted(fib.reference_traces_folder(self.root).glob("*.jsonl"))}
+
+
+def scan(root: Path, summary: Summary) -> Dataset:
+    found = Dataset(root)
+    if (root / fib.SIDE_FILE).is_file():
+        side = _read_or_note(fib.SideFile, root / fib.SIDE_FILE, "flashbench side file", summary)
+        found.timing = side.timing if side else found.timing
+    for path in sorted(root.glob("definitions/**/*.json")):
+        record = _read_or_note(fib.FibDefinition, path, "definition", summary)
+        if record is None:
+            continue
+        if record.name in found.definitions:
+            summary.add(record.name, "file", "ignored", f"{path}: a second definition {record.name}; "
+                                                         f"the first is {found.definitions[record.name]}")
+        else:
+            found.definitions[record.name] = path
+    for path in sorted(root.glob("solutions/**/*.json")):
+        record = _read_or_note(fib.FibSolution, path, "solution", summary)
+        if record is None:
+            continue
+        first = found.solutions.get(record.name)
+        if first:
+            summary.add(record.definition, "solution", "skipped", f"{path}: a second solution named {record.name} "
+                                                                  f"(FIB names are unique); the first is {first.path}")
+        else:
+            found.solutions[record.name] = SolutionFile(path, record.definition, record.author)
+    for folder, files in (("workloads", found.workload_files), ("traces", found.trace_files)):
+        for path in sorted(root.glob(f"{folder}/**/*.jsonl")):
+            for name in record_definitions(path, set(found.definitions), summary):
+                files[name].append(path)
+    return found
+
+
+def _read_or_note(cls, path: Path, kind: str, summary: Summary):
+    try:
+        return fib.read_json(cls, path)
+    except FlashbenchError as exc:
+        summary.add("", "file", "ignored", f"not a {kind}: {exc}")
         return None
 
-    def workload_set(self, name: str) -> WorkloadSet:
-        if name not in self.workload_sets:
-            self.workload_sets[name] = self.repo.workload_set(name) or WorkloadSet(definition=name, version=1, workloads=[])
-        return self.workload_sets[name]
 
-    def add_workload(self, name: str, record: fib.FibWorkload, path: Path, where: str) -> None:
-        definition = self.known_definition(name, path)
-        if definition is None or record.uuid in self.rejected:
-            return
-        if any(w.uuid == record.uuid for w in self.workload_set(name).workloads):
-            return
-        try:
-            workload, blobs = self.convert_workload(record, path, where)
-            check_workload(definition, workload, self.dataset)
-        except (FlashbenchError, BindingError, ValueError) as exc:
-            self.rejected.add(record.uuid)
-            reason = getattr(exc, "message", exc)
-            return self.summary.warn(f"{path}: {where}", f"workload {record.uuid} not imported: {reason}")
-        base = self.repo.workloads_path(name).parent
-        for blob in blobs:
-            self.copy_blob(self.dataset / blob, base / blob)
-        self.workload_set(name).workloads.append(workload)
-        self.new_workloads.setdefault(name, []).append(workload)
-        self.summary.counts["workloads"] += 1
-
-    def convert_workload(self, record: fib.FibWorkload, path: Path, where: str) -> tuple[Workload, list[PurePosixPath]]:
-        """Our workload (blob paths relative to the dataset root, which is also where they land
-        relative to the workload file) and the blobs it needs."""
-        inputs, blobs = {}, []
-        for name, descriptor in record.inputs.items():
-            if isinstance(descriptor, fib.FibSafetensorsInput):
-                blob = fib.normalise_blob_path(descriptor.path)
-                if blob is None or not (self.dataset / blob).is_file():
-                    raise ValueError(f"inputs.{name}: safetensors file {descriptor.path} is not inside the dataset")
-                blobs.append(blob)
-                inputs[name] = {"type": "safetensors", "path": str(blob), "tensor_key": descriptor.tensor_key}
-            else:
-                inputs[name] = descriptor.model_dump(exclude_none=True)
-        data = {"uuid": record.uuid, "axes": record.axes, "inputs": inputs}
-        return parse_model(Workload, data, f"{path}: {where}"), blobs
-
-    def copy_blob(self, source: Path, target: Path) -> None:
-        if target.is_file() and target.read_bytes() == source.read_bytes():
-            return
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
-        self.summary.counts["blobs"] += 1
-
-    def write_workload_sets(self) -> None:
-        for name, added in self.new_workloads.items():
-            write_workload_set(self.repo.workloads_path(name), self.workload_sets[name], added)
-
-    # --- solutions ------------------------------------------------------------------------------
-
-    def add_solution(self, path: Path, record: fib.FibSolution) -> None:
-        self._warn_extra(path, record)
-        self._warn_extra(path, record.spec)
-        definition = self.known_definition(record.definition, path)
-        if definition is None:
-            return
-        name = safe_name(record.name)
-        folder = self.root / "solutions" / record.definition / name
-        if any(folder == imported for imported, _ in self.solutions.values()):
-            return self.summary.warn(path, f"a solution named {name} was already imported; skipped")
-        if name != record.name:
-            self.summary.warn(path, f"name {record.name!r} is stored as {name!r}")
-        manifest, reason = solution_to_ours(record, name)
-        if manifest is None:
-            return self.summary.warn(path, f"solution not imported: {reason}")
-        if folder.exists():
-            owner = folder_author(folder)
-            if owner != record.author:
-                return self.summary.warn(path, f"{folder} holds a solution by {owner!r}; not replaced")
-            if same_sources(folder, record.sources):  # already here: keep its solution.yaml (tags, flags)
-                self.solutions[(record.definition, record.name)] = (folder, owner)
-                return
-            shutil.rmtree(folder)
-        try:
-            parse_model(Solution, manifest, path)
-            write_solution_folder(folder, manifest, record.sources)
-        except (FlashbenchError, ValueError) as exc:
-            shutil.rmtree(folder, ignore_errors=True)
-            return self.summary.warn(path, f"solution not imported: {getattr(exc, 'message', exc)}")
-        problems = [c.error for c in validate(self.repo, [folder]) if not c.ok]
-        if problems:
-            shutil.rmtree(folder)
-            return self.summary.warn(path, f"solution not imported: {problems[0]}")
-        if manifest.get("binding") == "tvm-ffi":
-            self.summary.warn(path, "binding tvm-ffi: imported, but flashbench builds CUDA as a torch extension only")
-        self.solutions[(record.definition, record.name)] = (folder, record.author)
-        self.summary.counts["solutions"] += 1
-
-    # --- traces ---------------------------------------------------------------------------------
-
-    def add_traces(self, path: Path) -> None:
-        parts = path.relative_to(self.dataset / "traces").parts
-        author = parts[0] if len(parts) > 1 else None  # traces/<author>/<op_type>/<definition>.jsonl
-        by_file: dict[Path, list[Trace]] = {}
-        for number, record in fib.read_jsonl(fib.FibTrace, path):
-            self.add_workload(record.definition, record.workload, path, f"line {number}")
-            if record.is_workload_only or self.known_definition(record.definition, path) is None:
-                continue
-            trace = self.trace_to_ours(record, author)
-            by_file.setdefault(trace_path(self.root / "traces", trace.hardware, trace.definition), []).append(trace)
-        for target, traces in by_file.items():
-            seen = {(t.solution, t.workload, t.timestamp) for t in read_traces(target)}
-            for trace in traces:
-                if (trace.solution, trace.workload, trace.timestamp) not in seen:
-                    append_trace(target, trace)
-                    seen.add((trace.solution, trace.workload, trace.timestamp))
-                    self.summary.counts["traces"] += 1
-
-    def trace_to_ours(self, record: fib.FibTrace, path_author: str | None) -> Trace:
-        evaluation = record.evaluation
-        imported = self.solutions.get((record.definition, record.solution))
-        if imported:
-            folder, author = imported
-            name, digest = folder.name, content_hash(folder)
+def record_definitions(path: Path, known: set[str], summary: Summary) -> set[str]:
+    """The definitions a JSONL file has records of. A line naming none belongs to the definition the
+    file is named after (FIB's layout), whose import it fails; with no such definition it is ignored."""
+    names, stray = set(), []
+    for number, line in fib.read_jsonl_lines(path):
+        name = definition_of(line)
+        if name is None:
+            stray.append(number)
         else:
-            name, author = record.solution, path_author or "unknown"
-            digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-        names = {w.uuid: w.name for w in self.workload_set(record.definition).workloads}
-        return Trace(
-            definition=record.definition, workload=record.workload.uuid, workload_name=names.get(record.workload.uuid, ""),
-            solution=name, solution_hash=digest, author=author, hardware=evaluation.environment.hardware,
-            status=evaluation.status, log=evaluation.log, correctness=correctness_to_ours(evaluation),
-            performance=performance_to_ours(evaluation.performance) if evaluation.performance else None,
-            environment={"hardware": evaluation.environment.hardware, "libs": evaluation.environment.libs,
-                         "source": "FlashInfer-Bench"},
-            timestamp=evaluation.timestamp,
-        )
+            names.add(name)
+    if stray and path.stem in known:
+        names.add(path.stem)
+    elif stray:
+        summary.add("", "file", "ignored", f"{path}: line(s) {', '.join(map(str, stray[:5]))}: not a FIB record")
+    return names
+
+
+def definition_of(line: bytes) -> str | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    name = record.get("definition") if isinstance(record, dict) else None
+    return name if isinstance(name, str) else None
+
+
+# --- the import ------------------------------------------------------------------------------------
+
+class Importer:
+    def __init__(self, dataset: Path, root: Path, source: str):
+        self.root, self.source = root, source
+        self.summary = Summary()
+        self.dataset = scan(dataset, self.summary)
+        self.repo = Repo(root)
+
+    def run(self) -> Summary:
+        for name in sorted(self.dataset.names()):
+            if name not in self.dataset.definitions and name not in self.repo.definition_files:
+                self.summary.add(name, "definition", "skipped",
+                                 "records name a definition that is neither in the dataset nor in the repository")
+                continue
+            self.summary.extend(self.import_definition(name))
+        return self.summary
+
+    def import_definition(self, name: str) -> Summary:
+        staging = Staging(self.root, self.root / CACHE_DIR_NAME / "import-staging")
+        try:
+            summary = DefinitionImport(self, name, staging).run()
+            staging.commit()
+            return summary
+        except (FlashbenchError, BindingError, ValueError, OSError) as exc:
+            failed = Summary()
+            failed.add(name, "definition", "failed", f"nothing of it imported: {exc}")
+            return failed
+        finally:
+            staging.discard()
+
+
+@dataclass
+class SolutionRef:
+    """What a trace of a FIB solution records about it here."""
+
+    name: str
+    author: str
+    digest: str
+
+
+class DefinitionImport:
+    """One definition and everything of it, into a staging folder."""
+
+    def __init__(self, importer: Importer, name: str, staging: Staging):
+        self.dataset, self.root, self.repo, self.source = importer.dataset, importer.root, importer.repo, importer.source
+        self.name, self.staging = name, staging
+        self.summary = Summary()
+        self.solutions: dict[str, SolutionRef] = {}  # by FIB name
+        self.rejected: set[str] = set()  # workload uuids skipped (and said so) already
+
+    def run(self) -> Summary:
+        definition, self.workloads_file, ext = self.stage_definition()
+        self.workload_set = self.load_workload_set(definition, ext)
+        self.existing_uuids = {w.uuid for w in self.workload_set.workloads}
+        self.workload_names = {w.uuid: w.name for w in self.workload_set.workloads}  # and those added
+        self.stage_solutions(definition)
+        for path in self.dataset.workload_files.get(self.name, []):
+            for number, record in self.records(path):
+                self.add_workload(definition, record.workload, f"{path}: line {number}")
+        self.stage_traces(definition)
+        self.stage_workload_set()
+        return self.summary
+
+    def add(self, kind, outcome, why: str = "", count: int = 1) -> None:
+        self.summary.add(self.name, kind, outcome, why, count)
+
+    # --- definition ------------------------------------------------------------------------------
+
+    def stage_definition(self) -> tuple[Definition, Path, fib.DefinitionExtension | None]:
+        """Ours, the repository path of its workload set, and flashbench's extension of the FIB record."""
+        existing = self.repo.definition_files.get(self.name)
+        path = self.dataset.definitions.get(self.name)
+        if path is None:
+            return existing.definition, self.repo.workloads_path(self.name), None
+        record = fib.read_json(fib.FibDefinition, path)
+        self.note_extra(path, record)
+        data = definition_to_ours(record)
+        definition = parse_model(Definition, data, path)
+        load_reference(definition, self.root, path)
+        if not _FOLDER_NAME.fullmatch(definition.op_type) or definition.op_type in (".", ".."):
+            raise FlashbenchError(f"{definition.op_type!r} cannot be a folder name", path, "op_type")
+        target = self.root / "definitions" / definition.op_type / f"{definition.name}.json"
+        if existing and existing.path != target:
+            difference = interface_difference(existing.definition, definition)
+            if difference:
+                raise FlashbenchError(f"differs from {existing.path}: {difference}", path)
+            self.add("definition", "unchanged", f"the repository's {existing.path} has the same interface; kept it")
+            return existing.definition, self.repo.workloads_path(self.name), record.flashbench
+        text = json.dumps(data, indent=2) + "\n"
+        if target.is_file() and target.read_text() == text:
+            self.add("definition", "unchanged")
+        else:
+            self.staging.write_text(target.relative_to(self.root), text)
+            self.add("definition", "imported")
+        return definition, target.with_name(definition.name + WORKLOADS_SUFFIX), record.flashbench
+
+    def note_extra(self, path: Path, record: fib.FibModel) -> None:
+        if record.model_extra:
+            self.add("file", "ignored", f"{path}: field(s) {', '.join(record.model_extra)} have no flashbench "
+                                        "equivalent; dropped")
+
+    # --- workloads -------------------------------------------------------------------------------
+
+    def load_workload_set(self, definition: Definition, ext: fib.DefinitionExtension | None) -> WorkloadSet:
+        """The repository's workload set, else a new one."""
+        if self.workloads_file.is_file():
+            return load_model(WorkloadSet, self.workloads_file)
+        version = ext.workloads_version if ext and ext.workloads_version else 1
+        return WorkloadSet(definition=definition.name, version=version, workloads=[])
+
+    def records(self, path: Path):
+        """(line number, record) of this definition in a JSONL file, one line at a time."""
+        for number, line in fib.read_jsonl_lines(path):
+            name = definition_of(line)
+            if name == self.name or (name is None and path.stem == self.name):
+                yield number, fib.parse_line(fib.FibTrace, line, path, number)
+
+    def add_workload(self, definition: Definition, record: fib.FibWorkload, where: str) -> None:
+        uuid = record.uuid
+        if uuid in self.rejected or uuid in self.workload_names:
+            return
+        try:
+            workload, blobs = workload_to_ours(record, self.dataset.root, where)
+            check_workload(definition, workload, self.dataset.root)
+            new_blobs = [blob for blob in blobs if self.blob_needed(blob)]
+        except (FlashbenchError, BindingError, ValueError) as exc:
+            self.rejected.add(uuid)
+            return self.add("workload", "skipped", f"{where}: workload {uuid} not imported: {getattr(exc, 'message', exc)}")
+        for blob in new_blobs:
+            self.staging.copy(self.dataset.root / blob, self.blob_path(blob))
+            self.add("blob", "imported")
+        self.workload_set.workloads.append(workload)
+        self.workload_names[uuid] = workload.name
+        self.add("workload", "imported")
+
+    def blob_path(self, blob: PurePosixPath) -> Path:
+        """Blob paths are relative to the dataset root there and to the workload file here."""
+        return (self.workloads_file.parent / blob).relative_to(self.root)
+
+    def blob_needed(self, blob: PurePosixPath) -> bool:
+        """Whether to copy a blob: not when it is here already; ValueError when another file has its path."""
+        relative = self.blob_path(blob)
+        target = self.root / relative
+        if target.is_file():
+            if not filecmp.cmp(self.dataset.root / blob, target, shallow=False):
+                raise ValueError(f"{target} exists with other content; not replaced")
+            return False
+        return not self.staging.path(relative).is_file()
+
+    def stage_workload_set(self) -> None:
+        added = [w for w in self.workload_set.workloads if w.uuid not in self.existing_uuids]
+        if not added:
+            return
+        existing = self.workloads_file.read_text() if self.workloads_file.is_file() else None
+        self.staging.write_text(self.workloads_file.relative_to(self.root),
+                                workload_set_text(existing, self.workload_set, added))
+
+    # --- solutions -------------------------------------------------------------------------------
+
+    def stage_solutions(self, definition: Definition) -> None:
+        taken: set[str] = set()
+        for fib_name, found in sorted(self.dataset.solutions.items()):
+            if found.definition != self.name:
+                continue
+            record = fib.read_json(fib.FibSolution, found.path)
+            self.note_extra(found.path, record)
+            self.solutions[fib_name] = self.stage_solution(definition, record, found.path, taken)
+
+    def stage_solution(self, definition: Definition, record: fib.FibSolution, path: Path, taken: set[str]) -> SolutionRef:
+        unimported = SolutionRef(safe_name(record.name), record.author, record_digest(record))
+        try:
+            plan = plan_folder(record)
+        except ValueError as exc:
+            self.add("solution", "skipped", f"{path}: solution {record.name} not imported: {exc}")
+            return unimported
+        if plan.name in taken:
+            self.add("solution", "skipped", f"{path}: a solution named {plan.name} was already imported; skipped")
+            return unimported
+        taken.add(plan.name)
+        shared, conflict = self.stage_shared(plan)
+        if conflict:
+            for folder in shared:
+                self.staging.drop(folder)
+            shared, plan = [], plan_folder(record, inline_shared=True)
+            plan.notes.append(f"{conflict}; its files are put in the solution's folder, so its content hash is "
+                              "not its traces' any more")
+        relative = Path("solutions", self.name, plan.name)
+        existing = self.root / relative
+        if existing.exists():
+            owner = folder_author(existing)
+            if owner != record.author:
+                self.add("solution", "skipped", f"{path}: {existing} holds a solution by {owner!r}; not replaced")
+                return unimported
+            if same_files(existing, plan):
+                self.add("solution", "unchanged")
+                return SolutionRef(plan.name, record.author, load_solution_folder(existing).content_hash())
+        digest = self.stage_folder(definition, plan, relative, path)
+        if digest is None:
+            for folder in shared:  # staged for this solution alone
+                self.staging.drop(folder)
+            return unimported
+        self.add("solution", "imported", "; ".join(f"{record.name}: {note}" for note in plan.notes))
+        return SolutionRef(plan.name, record.author, digest)
+
+    def stage_shared(self, plan: FolderPlan) -> tuple[list[Path], str | None]:
+        """Stage the shared folders the plan names where the repository lacks them (and say which), or
+        say why not: one exists here with other files. The repository's own are copied beside the
+        staged solution folder, which finds its shared folders there when it is checked."""
+        staged_now = []
+        for name in plan.shared:
+            relative = Path("solutions", SHARED_FOLDER, name)
+            files, existing, staged = plan.shared_files(name), self.root / relative, self.staging.path(relative)
+            for folder in (existing, staged):
+                if folder.is_dir() and not holds_exactly(folder, files):
+                    return staged_now, f"shared folder {name} holds other files than the record's here"
+            if staged.exists():
+                continue
+            if existing.is_dir():
+                shutil.copytree(existing, staged)  # for the checks only: not moved into the repository
+            else:
+                write_files(staged, files)
+                self.staging.add(relative)
+                staged_now.append(relative)
+        return staged_now, None
+
+    def stage_folder(self, definition: Definition, plan: FolderPlan, relative: Path, path: Path) -> str | None:
+        """The staged folder's content hash, or None (and why) if flashbench cannot use it."""
+        staged = self.staging.path(relative)
+        try:
+            write_folder(staged, plan)
+            loaded = check_folder(staged, definition)
+        except (FlashbenchError, ValueError) as exc:
+            shutil.rmtree(staged, ignore_errors=True)
+            self.add("solution", "skipped", f"{path}: solution not imported: {getattr(exc, 'message', exc)}")
+            return None
+        self.staging.add(relative)
+        return loaded.content_hash()
+
+    # --- traces ----------------------------------------------------------------------------------
+
+    def stage_traces(self, definition: Definition) -> None:
+        writer = TraceWriter(self)
+        for path in self.dataset.trace_files.get(self.name, []):
+            for number, record in self.records(path):
+                self.add_workload(definition, record.workload, f"{path}: line {number}")
+                if not record.is_workload_only:
+                    writer.add(*self.trace_to_ours(record, path, number))
+        reference = self.dataset.reference_traces().get(self.name)
+        if reference:
+            for number, line in fib.read_jsonl_lines(reference):
+                writer.add(parse_trace(line, reference, number))
+        writer.stage()
+
+    def trace_to_ours(self, record: fib.FibTrace, path: Path, number: int) -> tuple[Trace, str]:
+        """The trace, and what the summary should say of it."""
+        if record.flashbench is not None:
+            return trace_from_extension(record, path, number), ""
+        solution, why = self.solutions.get(record.solution), ""
+        if solution is None:
+            digest = hashlib.sha256(record.solution.encode()).hexdigest()[:16]
+            solution = SolutionRef(safe_name(record.solution), "unknown", digest)
+            why = f"solution {record.solution} has no record in the dataset: author 'unknown'"
+        return trace_from_fib(record, solution, self.workload_names), why
+
+
+class TraceWriter:
+    """A definition's imported traces, one file per hardware (and timing method) under the import's
+    source; what is already there is kept and not added twice."""
+
+    def __init__(self, importer: DefinitionImport):
+        self.importer = importer
+        self.base = imported_trace_dir(importer.root, importer.source).relative_to(importer.root)
+        self.timing = importer.dataset.timing
+        self.seen: dict[Path, set[tuple[str, str, str]]] = {}
+
+    def add(self, trace: Trace, why: str = "") -> None:
+        relative = self.base / hardware_slug(trace.hardware) / trace_file_name(trace.definition, self.timing)
+        seen = self.seen.get(relative)
+        if seen is None:
+            seen = self.seen[relative] = self.open(relative)
+        key = (trace.solution, trace.workload, trace.timestamp)
+        if key in seen:
+            return
+        seen.add(key)
+        trace = trace.model_copy(update={"imported_from": self.importer.source})
+        with open(self.importer.staging.path(relative), "ab") as handle:
+            handle.write((trace.model_dump_json() + "\n").encode())
+        self.importer.add("trace", "imported", why)
+
+    def open(self, relative: Path) -> set[tuple[str, str, str]]:
+        """Start the staged file as a copy of the repository's; the keys it holds."""
+        existing, staged = self.importer.root / relative, self.importer.staging.path(relative)
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        keys = set()
+        if existing.is_file():
+            staged.write_bytes(existing.read_bytes())
+            for number, line in fib.read_jsonl_lines(existing):
+                record = json.loads(line)
+                keys.add((record.get("solution"), record.get("workload"), record.get("timestamp")))
+        else:
+            staged.touch()
+        return keys
+
+    def stage(self) -> None:
+        for relative, seen in self.seen.items():
+            self.importer.staging.add(relative)
 
 
 # --- conversions (pure functions) ---------------------------------------------------------------
 
 def definition_to_ours(record: fib.FibDefinition) -> dict:
-    """FIB's definition as flashbench's JSON: same keys, no nulls, dtype spellings normalised."""
+    """FIB's definition as flashbench's JSON: same keys, no nulls, dtype spellings normalised,
+    flashbench's own fields back from the extension."""
     def axis(a: fib.FibAxis) -> dict:
         return {k: v for k, v in (("type", a.type), ("value", a.value), ("description", a.description)) if v is not None}
 
@@ -267,7 +488,54 @@ def definition_to_ours(record: fib.FibDefinition) -> dict:
     if record.constraints:
         data["constraints"] = record.constraints
     data["reference"] = record.reference
+    ext = record.flashbench
+    if ext and ext.tolerances:
+        data["tolerances"] = {k: t.model_dump() for k, t in ext.tolerances.items()}
+    if ext and ext.cost:
+        data["cost"] = ext.cost.model_dump()
     return data
+
+
+def interface_difference(ours: Definition, theirs: Definition) -> str | None:
+    """The first difference in what a solution sees (axes, inputs, outputs), or None."""
+    for kind in ("axes", "inputs", "outputs"):
+        mine, other = getattr(ours, kind), getattr(theirs, kind)
+        if list(mine) != list(other):
+            return f"{kind}: {', '.join(mine)} here, {', '.join(other)} there"
+        for key, spec in mine.items():
+            fields = ("type", "value") if kind == "axes" else ("shape", "dtype")
+            for name in fields:
+                if getattr(spec, name) != getattr(other[key], name):
+                    return f"{kind}.{key}.{name}: {getattr(spec, name)!r} here, {getattr(other[key], name)!r} there"
+    return None
+
+
+def workload_to_ours(record: fib.FibWorkload, dataset: Path, where: str) -> tuple[Workload, list[PurePosixPath]]:
+    """Our workload (blob paths relative to the dataset root, which is also where they land relative
+    to the workload file) and the blobs it needs. With flashbench's extension, the workload as it
+    was written; the FIB record then only says where its captured tensors are."""
+    ext = record.flashbench
+    captured, blobs = {}, {}
+    for name, descriptor in record.inputs.items():
+        if isinstance(descriptor, fib.FibSafetensorsInput):
+            blob = fib.normalise_blob_path(descriptor.path)
+            if blob is None or not (dataset / blob).is_file():
+                raise ValueError(f"inputs.{name}: safetensors file {descriptor.path} is not inside the dataset")
+            captured[name] = {"type": "safetensors", "path": str(blob), "tensor_key": descriptor.tensor_key}
+            blobs[name] = blob
+    if ext is None:
+        inputs = {name: captured.get(name) or d.model_dump(exclude_none=True) for name, d in record.inputs.items()}
+        data = {"uuid": record.uuid, "axes": record.axes, "inputs": inputs}
+    else:
+        inputs = {name: captured.get(name) if d.type == "safetensors" else d.model_dump(exclude_defaults=True)
+                  for name, d in ext.inputs.items()}
+        missing = [name for name, d in inputs.items() if d is None]
+        if missing:
+            raise ValueError(f"inputs.{missing[0]}: flashbench's workload captures it, the FIB record has no blob for it")
+        blobs = {name: blobs[name] for name in inputs if name in blobs}  # generated inputs need no blob here
+        data = {"uuid": record.uuid, "name": ext.name, "tags": ext.tags, "axes": ext.axes, "inputs": inputs,
+                "generate": [g.model_dump(exclude_defaults=True) for g in ext.generate]}
+    return parse_model(Workload, data, where), sorted(set(blobs.values()))
 
 
 def check_workload(definition: Definition, workload: Workload, base_dir: Path) -> None:
@@ -281,19 +549,18 @@ def check_workload(definition: Definition, workload: Workload, base_dir: Path) -
     generate_inputs(definition, workload, seed=0, device="meta", base_dir=base_dir)
 
 
-def write_workload_set(path: Path, workload_set: WorkloadSet, added: list[Workload]) -> None:
-    """Append the new workloads to an existing file (keeping its comments) when that reads back
-    right; otherwise write the whole set."""
+def workload_set_text(existing: str | None, workload_set: WorkloadSet, added: list[Workload]) -> str:
+    """The new workloads appended to the existing file (keeping its comments) when that reads back
+    right; otherwise the whole set."""
     items = yaml.safe_dump([w.model_dump(exclude_defaults=True) for w in added], sort_keys=False)
-    if path.is_file():
-        text = path.read_text().rstrip("\n") + "\n" + items
+    if existing is not None:
+        text = existing.rstrip("\n") + "\n" + items
         if _reads_as(text, workload_set):
-            path.write_text(text)
-            return
+            return text
     header = f"# Workloads for {workload_set.definition}, imported from FlashInfer-Bench. uuids are stable.\n"
     body = {"definition": workload_set.definition, "version": workload_set.version,
             "workloads": [w.model_dump(exclude_defaults=True) for w in workload_set.workloads]}
-    path.write_text(header + yaml.safe_dump(body, sort_keys=False))
+    return header + yaml.safe_dump(body, sort_keys=False)
 
 
 def _reads_as(text: str, workload_set: WorkloadSet) -> bool:
@@ -303,49 +570,41 @@ def _reads_as(text: str, workload_set: WorkloadSet) -> bool:
         return False
 
 
-def solution_to_ours(record: fib.FibSolution, name: str) -> tuple[dict | None, str]:
-    """The solution.yaml for a FIB solution, or None and why flashbench cannot express it."""
-    spec = record.spec
-    manifest = {
-        "name": name, "definition": record.definition, "author": record.author,
-        "description": record.description or "", "language": spec.language, "entry_point": spec.entry_point,
-        "destination_passing_style": spec.destination_passing_style, "target_hardware": spec.target_hardware,
-        "dependencies": spec.dependencies,
-    }
-    if spec.language in ("python", "triton"):
-        return manifest, ""
-    if spec.language not in ("cpp", "cuda"):
-        return None, f"language {spec.language!r} has no flashbench builder"
-    compiled = [s.path for s in record.sources if PurePosixPath(s.path).suffix in COMPILED_SUFFIXES]
-    if spec.entry_point.split("::")[0] not in compiled:
-        return None, f"language {spec.language}: the entry point must be in a .cu/.cpp source to be built as CUDA"
-    # FIB's C++/CUDA default binding is tvm-ffi.
-    return manifest | {"language": "cuda", "binding": spec.binding or "tvm-ffi", "sources": compiled}, ""
-
-
-def write_solution_folder(folder: Path, manifest: dict, sources: list[fib.FibSourceFile]) -> None:
-    for source in sources:
-        relative = PurePosixPath(source.path)
-        if relative.is_absolute() or ".." in relative.parts or str(relative) == "solution.yaml":
-            raise ValueError(f"sources: path {source.path!r} cannot be written inside a solution folder")
-    folder.mkdir(parents=True)
-    for source in sources:
-        target = folder / source.path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(source.content)
-    (folder / "solution.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
-
-
 def folder_author(folder: Path) -> str | None:
     manifest = folder / "solution.yaml"
     return (yaml.safe_load(manifest.read_text()) or {}).get("author") if manifest.is_file() else None
 
 
-def same_sources(folder: Path, sources: list[fib.FibSourceFile]) -> bool:
-    """The folder holds exactly these sources (besides its solution.yaml)."""
-    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*")
-               if p.is_file() and p.name != "solution.yaml" and "__pycache__" not in p.parts}
-    return present == {s.path for s in sources} and all((folder / s.path).read_text() == s.content for s in sources)
+def record_digest(record: fib.FibSolution) -> str:
+    """A content hash for a solution that has no folder here: its record, as FIB would hash it."""
+    return hashlib.sha256(record.model_dump_json(exclude={"flashbench"}).encode()).hexdigest()[:16]
+
+
+def parse_trace(line: bytes, path: Path, number: int) -> Trace:
+    return fib.parse_line(Trace, line, path, number)
+
+
+def trace_from_extension(record: fib.FibTrace, path: Path, number: int) -> Trace:
+    """The flashbench trace an export wrote: its extension plus what the FIB record holds as it was."""
+    ext, evaluation = record.flashbench, record.evaluation
+    header = fib.log_header(str(ext.get("status", "")), str(ext.get("message", "")))
+    data = ext | {"definition": record.definition, "workload": record.workload.uuid,
+                  "log": evaluation.log.removeprefix(header), "timestamp": evaluation.timestamp}
+    return parse_model(Trace, data, f"{path}: line {number}: flashbench")
+
+
+def trace_from_fib(record: fib.FibTrace, solution: SolutionRef, names: dict[str, str]) -> Trace:
+    evaluation = record.evaluation
+    return Trace(
+        definition=record.definition, workload=record.workload.uuid, workload_name=names.get(record.workload.uuid, ""),
+        solution=solution.name, solution_hash=solution.digest, author=solution.author,
+        hardware=evaluation.environment.hardware, status=evaluation.status, log=evaluation.log,
+        correctness=correctness_to_ours(evaluation),
+        performance=performance_to_ours(evaluation.performance) if evaluation.performance else None,
+        environment={"hardware": evaluation.environment.hardware, "libs": evaluation.environment.libs,
+                     "source": FIB_SOURCE},
+        timestamp=evaluation.timestamp,
+    )
 
 
 def correctness_to_ours(evaluation: fib.FibEvaluation) -> dict[str, OutputError]:
@@ -359,7 +618,8 @@ def correctness_to_ours(evaluation: fib.FibEvaluation) -> dict[str, OutputError]
 
 
 def performance_to_ours(performance: fib.FibPerformance) -> Performance:
-    """FIB records one latency and no spread: every statistic is that latency, from one sample."""
+    """FIB records one latency and no spread: every statistic is that latency, from one sample. Its
+    reference latency and speedup (measured in the same evaluation) are kept as they are."""
     latency = performance.latency_ms
     return Performance(
         latency_ms=latency, mean_ms=latency, std_ms=0.0, min_ms=latency, p10_ms=latency, p90_ms=latency,

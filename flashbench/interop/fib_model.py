@@ -1,25 +1,36 @@
 """FlashInfer-Bench's dataset ("flashinfer-trace") format: its file models and its folder layout.
 
-The single source of truth for that format in flashbench. Reading is lenient where FIB versions
-differ (missing optional keys, `null` for "not given", unknown keys kept aside); writing follows
-FIB's own conventions (a scalar's `shape` is always written, as null; workload lines carry
-`"solution": null, "evaluation": null`; NaN errors are written as strings).
+The single source of truth for that format in flashbench, checked against flashinfer-bench 0.1.2's
+own models (`flashinfer_bench.data`). Reading is lenient where FIB versions differ (missing optional
+keys, `null` for "not given", unknown keys kept aside); writing follows FIB's conventions (a
+scalar's `shape` is always written, as null; workload lines carry `"solution": null,
+"evaluation": null`; NaN errors are written as strings).
 
-Layout of a dataset:
+Layout, as FIB 0.1.2 writes it (`TraceSet.add_traces`, `add_workload_traces`):
     definitions/<op_type>/<name>.json
     workloads/<op_type>/<definition>.jsonl                      one workload-only trace per line
     solutions/<author>/<op_type>/<definition>/<solution>.json   sources embedded
-    traces/<author>/<op_type>/<definition>.jsonl
+    traces/<op_type>/<definition>.jsonl                         (older datasets: traces/<author>/<op_type>/...)
     blob/workloads/...                                          safetensors named by workloads
+FIB's loader (`TraceSet.from_path`) reads every *.json under definitions/ and solutions/ and every
+*.jsonl under workloads/ and traces/ at any depth, and refuses two solutions of one name anywhere
+in the dataset. Nothing else under the root is read by FIB.
+
+flashbench's own fields ride along under the key `flashbench` of a record (FIB 0.1.2's models
+ignore unknown keys); see the *Extension models below. What belongs to no FIB record lives in
+side files outside FIB's folders: `flashbench.json` and `flashbench/`.
 """
 
+import json
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Iterator, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from ..errors import FlashbenchError
+from ..model.definition import CostModel, Strict, Tolerance
 from ..model.loading import validation_error
+from ..model.workload import GeneratorSpec, InputDescriptor
 
 DType = Literal[
     "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3", "float8_e5m2", "float4_e2m1",
@@ -34,7 +45,43 @@ Status = Literal[
     "PASSED", "INCORRECT_SHAPE", "INCORRECT_NUMERICAL", "INCORRECT_DTYPE", "RUNTIME_ERROR",
     "COMPILE_ERROR", "TIMEOUT",
 ]
+EXTENSION = "flashbench"  # the key of flashbench's fields inside FIB records
 
+
+# --- flashbench's extensions ---------------------------------------------------------------------
+
+class DefinitionExtension(Strict):
+    """What a flashbench definition has and FIB's lacks."""
+
+    tolerances: dict[str, Tolerance] = {}
+    cost: CostModel | None = None
+    workloads_version: int | None = Field(None, ge=1, description="the version of the definition's workload set")
+
+
+class WorkloadExtension(Strict):
+    """The flashbench workload as written (less its uuid): names, tags, random-input parameters and
+    structured generators, which FIB cannot express. Its safetensors paths are not used on import:
+    the FIB record says where the blobs are."""
+
+    name: str = ""
+    tags: list[str] = []
+    axes: dict[str, int] = {}
+    inputs: dict[str, InputDescriptor] = {}
+    generate: list[GeneratorSpec] = []
+
+
+class SolutionExtension(Strict):
+    """Enough to rebuild the solution folder byte for byte, so its content hash (and thus its
+    traces) survive the round trip."""
+
+    name: str = Field(description="the flashbench name; the FIB name may carry a suffix that keeps it unique")
+    manifest: str = Field(description="solution.yaml, verbatim")
+    solution_hash: str = Field(description="the folder's content hash when exported")
+    empty_files: list[str] = Field([], description="files of no content, which FIB's sources cannot hold")
+    shared: dict[str, list[str]] = Field({}, description="shared folder -> the files of the record that come from it")
+
+
+# --- FIB's records -------------------------------------------------------------------------------
 
 class FibModel(BaseModel):
     """Unknown keys are kept in model_extra so the importer can say what it drops."""
@@ -70,6 +117,7 @@ class FibDefinition(FibModel):
     outputs: dict[str, FibTensorSpec]
     constraints: list[str] | None = None
     reference: str = Field(description="Python source with a top-level run")
+    flashbench: DefinitionExtension | None = None
 
 
 class FibRandomInput(FibModel):
@@ -94,6 +142,7 @@ class FibWorkload(FibModel):
     uuid: str
     axes: dict[str, int] = {}
     inputs: dict[str, FibInput] = {}
+    flashbench: WorkloadExtension | None = None
 
 
 class FibSourceFile(FibModel):
@@ -117,11 +166,13 @@ class FibSolution(FibModel):
     description: str | None = ""
     spec: FibBuildSpec
     sources: list[FibSourceFile]
+    flashbench: SolutionExtension | None = None
 
 
 class FibCorrectness(FibModel):
     max_relative_error: float = 0.0
     max_absolute_error: float = 0.0
+    extra: dict | None = None  # FIB's own field for further metrics
 
 
 class FibPerformance(FibModel):
@@ -145,16 +196,66 @@ class FibEvaluation(FibModel):
 
 
 class FibTrace(FibModel):
-    """A line of a traces/ or workloads/ JSONL file; workload lines have no solution or evaluation."""
+    """A line of a traces/ or workloads/ JSONL file; workload lines have no solution or evaluation.
+
+    `flashbench`: the flashbench trace (model: flashbench.model.Trace) less the fields this record
+    holds as they are: definition, workload, timestamp and log."""
 
     definition: str
     workload: FibWorkload
     solution: str | None = None
     evaluation: FibEvaluation | None = None
+    flashbench: dict | None = None
 
     @property
     def is_workload_only(self) -> bool:
         return self.solution is None or self.evaluation is None
+
+
+# --- statuses ------------------------------------------------------------------------------------
+
+# flashbench statuses FIB has no word for, and the nearest FIB status. REJECTED (the harness caught
+# the solution cheating or its result could not be trusted) is a wrong result, not a crash: FIB's
+# INCORRECT_NUMERICAL, whose errors are then NaN unless recorded, so no FIB filter ever passes it.
+STATUS_TO_FIB = {"CRASHED": "RUNTIME_ERROR", "REJECTED": "INCORRECT_NUMERICAL",
+                 "INVALID_SOLUTION": "COMPILE_ERROR", "MISSING_DEPENDENCY": "COMPILE_ERROR"}
+
+
+def log_header(status: str, message: str) -> str:
+    """What an export puts before a trace's log in FIB's `log`, so FIB's users read flashbench's exact
+    status and message; an import takes it off again."""
+    if status not in STATUS_TO_FIB and not message:
+        return ""
+    return f"flashbench {status}: {message}\n" if message else f"flashbench {status}\n"
+
+
+# --- side files ----------------------------------------------------------------------------------
+
+SIDE_FILE = "flashbench.json"
+SIDE_FOLDER = "flashbench"  # reference traces: flashbench/reference_traces/<definition>.jsonl
+EXPORT_FORMAT = "flashbench.fib/1"
+
+
+class SolutionName(Strict):
+    definition: str
+    name: str
+
+
+class SideFile(Strict):
+    """flashbench.json at the dataset root: what an export holds beyond FIB's records."""
+
+    format_version: Literal["flashbench.fib/1"] = EXPORT_FORMAT
+    timing: str = Field(description="the timing method of every exported trace (events or graph)")
+    solutions: dict[str, SolutionName] = Field(description="FIB solution name -> flashbench definition and name")
+
+
+def reference_traces_folder(dataset: Path) -> Path:
+    """FIB keeps the reference's latency inside each trace; flashbench's reference traces go here."""
+    return dataset / SIDE_FOLDER / "reference_traces"
+
+
+def reference_traces_path(dataset: Path, definition: str) -> Path:
+    return reference_traces_folder(dataset) / f"{definition}.jsonl"
 
 
 # --- layout -------------------------------------------------------------------------------------
@@ -171,12 +272,12 @@ def solution_path(dataset: Path, author: str, op_type: str, definition: str, nam
     return dataset / "solutions" / author / op_type / definition / f"{name}.json"
 
 
-def traces_path(dataset: Path, author: str, op_type: str, definition: str) -> Path:
-    return dataset / "traces" / author / op_type / f"{definition}.jsonl"
+def traces_path(dataset: Path, op_type: str, definition: str) -> Path:
+    return dataset / "traces" / op_type / f"{definition}.jsonl"
 
 
 def blob_path(op_type: str, definition: str, uuid: str) -> str:
-    """Where a workload's materialised tensors go, as FIB writes it: relative to the dataset root."""
+    """Where a workload's materialised tensors go: relative to the dataset root, as FIB writes it."""
     return f"./blob/workloads/{op_type}/{definition}/{uuid}.safetensors"
 
 
@@ -201,16 +302,21 @@ def read_json(cls: type[M], path: Path) -> M:
         raise _json_error(exc, path) from None
 
 
-def read_jsonl(cls: type[M], path: Path) -> Iterator[tuple[int, M]]:
-    """(line number, record) for every non-blank line; errors name the file, line and field."""
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield number, cls.model_validate_json(line)
-        except ValidationError as exc:
-            error = _json_error(exc, path)
-            raise FlashbenchError(error.message, path, ", ".join(filter(None, [f"line {number}", error.field]))) from None
+def parse_line(cls: type[M], line: bytes | str, path: Path, number: int) -> M:
+    """One JSONL record as `cls`; errors name the file, the line and the field."""
+    try:
+        return cls.model_validate_json(line)
+    except ValidationError as exc:
+        error = _json_error(exc, path)
+        raise FlashbenchError(error.message, path, ", ".join(filter(None, [f"line {number}", error.field]))) from None
+
+
+def read_jsonl_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) for every non-blank line, one at a time: files are never read whole."""
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                yield number, line
 
 
 def _json_error(exc: ValidationError, path: Path) -> FlashbenchError:
@@ -220,20 +326,16 @@ def _json_error(exc: ValidationError, path: Path) -> FlashbenchError:
     return validation_error(exc, path)
 
 
-def write_json(path: Path, model: BaseModel) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(model.model_dump_json(indent=2, exclude_none=True) + "\n")
+def json_text(model: BaseModel) -> str:
+    return model.model_dump_json(indent=2, exclude_none=True) + "\n"
 
 
-def write_jsonl(path: Path, lines: list[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(line + "\n" for line in lines))
-
-
-def trace_line(trace: FibTrace) -> str:
-    return trace.model_dump_json(exclude_none=True)
+def record_line(model: BaseModel) -> str:
+    return model.model_dump_json(exclude_none=True) + "\n"
 
 
 def workload_line(definition: str, workload: FibWorkload) -> str:
     """A workloads/ line: FIB's trace record with an explicit null solution and evaluation."""
-    return FibTrace(definition=definition, workload=workload).model_dump_json()
+    record = {"definition": definition, "workload": workload.model_dump(mode="json", exclude_none=True),
+              "solution": None, "evaluation": None}
+    return json.dumps(record) + "\n"

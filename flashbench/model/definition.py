@@ -1,9 +1,9 @@
 """The definition: the contract every solution of an op is judged against."""
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..dtypes import DTypeName
 from ..expressions import COST_FUNCTIONS, Expression, parse
@@ -45,6 +45,46 @@ class Tolerance(Strict):
     max_mismatch_fraction: float = Field(0.0, ge=0, le=1, description="share of elements allowed outside")
 
 
+class AllClose(Strict):
+    """Each output within its `tolerances` (allclose), call by call: the default."""
+
+    kind: Literal["allclose"] = "allclose"
+
+
+class Bitwise(Strict):
+    """Each output equal, bit for bit, to the reference's as torch converts it to the output's dtype
+    (from float64 to a float8 torch rounds twice, through float32: return the output's dtype where
+    that matters): integer, packed and exactly rounded outputs. NaN never passes; -0.0 is not 0.0."""
+
+    kind: Literal["bitwise"]
+
+
+class Quantized(Strict):
+    """Each output within `steps` quantisation steps of the reference: |out - ref| <= steps * q(ref), q(ref)
+    the spacing of the output's dtype at |ref| (1 for integers). float4_e2m1 outputs are unpacked (low
+    nibble first) and the reference returns them packed too."""
+
+    kind: Literal["quantized"]
+    steps: float = Field(1.0, ge=0, description="allowed distance, in steps of the output's dtype")
+    max_mismatch_fraction: float = Field(0.0, ge=0, le=1, description="share of elements allowed outside")
+
+
+class Sampling(Strict):
+    """Every output holds samples: integer category ids drawn independently, one per element. The
+    reference returns, per output, the distribution they are drawn from: float, shape [*output shape,
+    categories], finite and non-negative, each row divided by its sum (zero outside the support, e.g.
+    past top-k / top-p). Over the checked calls of a job, every sample must lie in the support, and
+    all of them together must pass a goodness-of-fit test that fails an honest sampler with
+    probability at most `false_failure_probability` (run/judge/evaluators.py says how)."""
+
+    kind: Literal["sampling"]
+    false_failure_probability: float = Field(1e-6, gt=0, lt=1)
+
+
+Evaluator = Annotated[AllClose | Bitwise | Quantized | Sampling, Field(discriminator="kind")]
+INTEGER_DTYPES = frozenset({"int64", "int32", "int16", "int8"})
+
+
 class CostModel(Strict):
     """What any solution must do at the least: bytes through device memory and FLOPs."""
 
@@ -64,6 +104,26 @@ class Definition(Strict):
     reference: str = Field(description="a .py path under references/, or Python source with a top-level run")
     tolerances: dict[str, Tolerance] = {}
     cost: CostModel | None = None
+    evaluator: Evaluator = Field(AllClose(), description="how outputs are judged: allclose, bitwise, quantized, "
+                                                         "sampling, or a mapping with `kind` and its parameters")
+
+    @field_validator("evaluator", mode="before")
+    @classmethod
+    def _evaluator_by_name(cls, value):
+        return {"kind": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _evaluator_fits(self):
+        kind = self.evaluator.kind
+        if kind != "allclose" and self.tolerances:
+            raise ValueError(f"tolerances: apply to evaluator 'allclose' only, not {kind!r}")
+        for name, spec in self.outputs.items():
+            if kind == "sampling" and (spec.dtype not in INTEGER_DTYPES or spec.shape is None):
+                raise ValueError(f"outputs.{name}: evaluator 'sampling' needs integer tensors of sample ids, "
+                                 f"not {'a scalar' if spec.shape is None else spec.dtype}")
+            if kind == "quantized" and spec.dtype == "bool":
+                raise ValueError(f"outputs.{name}: evaluator 'quantized' has no steps for bool; use 'bitwise'")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self):

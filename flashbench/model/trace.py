@@ -59,4 +59,6 @@ class Trace(BaseModel):
     performance: Performance | None = None
     environment: dict = {}
     isolation: str | None = Field(None, description="how the solution's worker was contained: namespaces or process")
+    imported_from: str | None = Field(None, description="the board source it was imported from (traces/imported/<source>/); "
+                                                        "None for this project's own runs")
     timestamp: str

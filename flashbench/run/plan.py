@@ -6,11 +6,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..build import content_hash
+from ..build import CACHE_DIR_NAME, content_hash, is_documentation
 from ..errors import FlashbenchError
 from ..model import REFERENCE, Definition, Solution, Workload
 from ..model.solution import SHARED_FOLDER
 from ..registry import Repo, SolutionFolder, load_solution_folder
+from .judge.evaluators import reference_sampler_source
 
 
 @dataclass
@@ -47,9 +48,10 @@ def select_workloads(repo: Repo, definition: str, selectors: list[str], device: 
     return chosen
 
 
-def select_solutions(repo: Repo, definition: str, selectors: list[str]) -> list[SolutionFolder]:
-    """By name (a folder under solutions/<definition>/) or path; with none given, all of the definition.
-    The name 'reference' selects nothing more: the reference runs with every selection."""
+def select_solutions(repo: Repo, definition: str, selectors: list[str], cache_dir: Path | None = None) -> list[SolutionFolder]:
+    """By name (a folder under solutions/<definition>/), folder path, or the path of a FlashInfer-Bench
+    solution JSON (made into a folder under the cache); with none given, all of the definition. The
+    name 'reference' selects nothing more: the reference runs with every selection."""
     if not selectors:
         return repo.solution_folders(definition)
     by_name = {f.solution.name: f for f in repo.solution_folders(definition)}
@@ -59,6 +61,10 @@ def select_solutions(repo: Repo, definition: str, selectors: list[str]) -> list[
             continue
         if Path(selector).is_dir():
             chosen.append(load_solution_folder(Path(selector).resolve()))
+        elif selector.endswith(".json") and Path(selector).is_file():
+            from ..interop import solution_from_fib_json
+            made = solution_from_fib_json(Path(selector), (cache_dir or repo.root / CACHE_DIR_NAME) / "fib-solutions")
+            chosen.append(load_solution_folder(made))
         elif selector in by_name:
             chosen.append(by_name[selector])
         else:
@@ -75,9 +81,10 @@ def candidates(repo: Repo, definition: Definition, folders: list[SolutionFolder]
 
 
 def solution_candidate(folder: SolutionFolder, cache_dir: Path) -> Candidate:
-    """A solution folder as its worker loads it: the folder itself, or for one with shared folders the
-    folder that stage_solution makes of all its files."""
-    loaded = stage_solution(folder, cache_dir / "solutions") if folder.shared else folder.path
+    """A solution folder as its worker loads it: the folder stage_solution makes of exactly the files
+    its content hash covers, so no code the hash leaves out (compiled bytecode, files posing as
+    documentation) can run."""
+    loaded = stage_solution(folder, cache_dir / "solutions")
     return Candidate(loaded, folder.solution, content_hash(loaded))
 
 
@@ -110,12 +117,13 @@ def _is_staged(target: Path) -> bool:
 
 
 def _copy_into(source: Path, staging: Path) -> None:
-    """The files of `source`, except that a link leading out of it stays a link (to where it leads), so
-    that the worker's folder check refuses it as it would in the solution folder itself."""
+    """The files of `source` that the content hash covers (no __pycache__, no documentation), except
+    that a link leading out of it stays a link (to where it leads), so that the worker's folder check
+    refuses it as it would in the solution folder itself."""
     inside = source.resolve()
     for path in sorted(source.rglob("*")):
         relative = path.relative_to(source)
-        if "__pycache__" in relative.parts:
+        if "__pycache__" in relative.parts or is_documentation(relative.as_posix()):
             continue
         target = staging / relative
         if not path.resolve().is_relative_to(inside):
@@ -130,6 +138,8 @@ def reference_candidate(repo: Repo, definition: Definition, cache_dir: Path) -> 
     """The reference as a solution folder of its own, so it is timed exactly like the others."""
     entry = repo.definition_files[definition.name]
     source = (repo.root / definition.reference).read_text() if definition.reference_is_path else definition.reference
+    if definition.evaluator.kind == "sampling":  # its reference returns distributions: as a candidate it samples them
+        source += reference_sampler_source(definition)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     folder = cache_dir / "reference-solutions" / definition.name / digest
     folder.mkdir(parents=True, exist_ok=True)

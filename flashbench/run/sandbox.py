@@ -23,6 +23,7 @@ import os
 import resource
 import runpy
 import signal
+import site
 import subprocess
 import sys
 import time
@@ -125,9 +126,11 @@ def worker_command(isolation: str, spec: SandboxSpec, module: str, args: list[st
 
 
 def worker_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """An allow-listed copy of this process's environment, then `extra` on top."""
+    """An allow-listed copy of this process's environment, then `extra` on top. The user site-packages
+    stay this interpreter's own even where `extra` moves HOME into a folder the worker may write: the
+    interpreter runs their .pth files at start, before the sandbox is in place."""
     kept = {name: value for name, value in os.environ.items() if _allowed_variable(name)}
-    return {**kept, **(extra or {})}
+    return {**kept, **(extra or {}), "PYTHONUSERBASE": site.getuserbase()}
 
 
 def _allowed_variable(name: str) -> bool:

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from ..dtypes import is_float, torch_dtype
 from ..model import OutputError, Status
 from .arena import Arena, plan_layout, views
-from .judge.check import Verdict, compare_outputs
+from .judge.check import CheckedCall, Verdict, check_job
 from .judge.clock import Baseline, disagreement, judge_per_call_ms, summarize
 from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
@@ -61,10 +61,13 @@ class SessionSettings:
 
 
 @dataclass
-class _Check:
+class _Read:
+    """A picked call's outputs, read from its slot right after its batch; its reference comes later."""
+
     label: str
-    outputs: dict[str, torch.Tensor]  # read from the call's slot right after its batch
-    expected: dict[str, torch.Tensor]  # the reference on the call's inputs
+    batch: int  # the batch's place in the job's history
+    call: int  # the call's place in its batch
+    outputs: dict[str, torch.Tensor]
 
 
 @dataclass
@@ -162,7 +165,8 @@ class _Job:
         self.inputs = inputs
         self.arena_sets = arena_sets
         self.arena_slots = arena_slots
-        self.checks: list[_Check] = []
+        self.history: list[Batch] = []  # every batch sent, in order: replayed for the references
+        self.reads: list[_Read] = []
         self.times = _Times()
 
     def judge(self, baseline: Baseline) -> JobOutcome:
@@ -208,22 +212,30 @@ class _Job:
 
     def pick_checks(self, batches: int, size: int) -> dict[int, list[int]]:
         """Which timed calls are checked, drawn in the judge where the worker cannot see: every call
-        can be one. Under graph replay a slot holds the last call on its set, so only those can."""
+        can be one, and every batch has one, so no batch can be known to go unchecked (a solution
+        wrong on a share of its calls fails each batch with that chance). Under graph replay a slot
+        holds the last call on its set, so only those can."""
         sets = len(self.arena_sets)
         per_batch = [k for k in range(size) if not self.settings.graph or k >= size - sets]
         candidates = [(b, k) for b in range(batches) for k in per_batch]
-        count = len(candidates) if self.settings.checked_calls is None else min(self.settings.checked_calls, len(candidates))
+        wanted = len(candidates) if self.settings.checked_calls is None else self.settings.checked_calls
+        chosen = {(b, _secret.choice(per_batch)) for b in range(batches)}
+        rest = [c for c in candidates if c not in chosen]
+        chosen |= set(_secret.sample(rest, max(0, min(wanted - len(chosen), len(rest)))))
         picked: dict[int, list[int]] = {}
-        for b, k in _secret.sample(candidates, count):
+        for b, k in sorted(chosen):
             picked.setdefault(b, []).append(k)
         return picked
 
     def batch(self, calls: list[Call], timed: bool, graph: bool, picked: dict[int, str]) -> tuple[float, Batch]:
-        """Run one batch; the judge's time for it (ms). The picked calls' references are computed
-        first (the worker waits), the outputs poisoned; after the batch the picked calls' outputs
-        are read, and leftovers and changes to the inputs looked for."""
+        """Run one batch; the judge's time for it (ms). The batch's redraws are replayed on the judge's
+        copies and the outputs poisoned; after the batch the picked calls' outputs are read, and
+        leftovers and changes to the inputs looked for. Nothing the judge does between batches depends
+        on which calls are picked: the references wait for the end of the job (`check_outputs`), so
+        the worker cannot tell from the judge's pauses which batches are checked."""
         batch = Batch(calls=calls, graph=graph, fresh_seed=fresh_seed())
-        expected = self.expect(batch, picked)
+        self.replay(batch)
+        self.history.append(batch)
         for slot in self.arena_slots[:max(c.slot for c in calls) + 1]:
             for tensor in slot.values():
                 _poison(tensor)
@@ -236,24 +248,40 @@ class _Job:
             raise _Stop(self.rejected("the worker's reply does not match the batch it was sent"))
         for k, label in picked.items():  # copies taken now: nothing written later counts
             outputs = {name: tensor.clone() for name, tensor in self.arena_slots[calls[k].slot].items()}
-            self.checks.append(_Check(label, outputs, expected[k]))
+            self.reads.append(_Read(label, len(self.history) - 1, k, outputs))
         self.reject_leftovers()
         self.reject_changed_inputs()
         if timed:
             self.times.worker_ms += reply.event_ms
         return elapsed_ms, batch
 
-    def expect(self, batch: Batch, picked: dict[int, str]) -> dict[int, dict]:
-        """Replays the batch's redraws on the judge's copies of the sets; the reference outputs of
-        the picked calls on the inputs each will see."""
-        found = {}
+    def replay(self, batch: Batch, each_call: Callable[[int, Call], None] = lambda k, call: None) -> None:
+        """The batch's redraws on the judge's copies of the sets, `each_call` seeing each call's inputs."""
         self.inputs.replay.draw(batch.fresh_seed, len(batch.calls))
         for k, call in enumerate(batch.calls):
             if call.seed is not None:
                 self.inputs.replay.redraw(call.set, call.seed, k)
-            if k in picked:
-                found[k] = self.reference(call)
-        return found
+            each_call(k, call)
+
+    def expected_outputs(self) -> list[CheckedCall]:
+        """The picked calls with their references: the judge's copies of the sets are rewound to
+        their first state and the job's redraws replayed, each picked call's reference computed on
+        the inputs it saw."""
+        for current, drawn in zip(self.inputs.current, self.inputs.sets):
+            for name, tensor in current.items():
+                if isinstance(tensor, torch.Tensor):
+                    tensor.copy_(drawn[name])
+        wanted = {(read.batch, read.call): read for read in self.reads}
+        checked: dict[tuple[int, int], CheckedCall] = {}
+
+        def check(b: int, k: int, call: Call) -> None:
+            read = wanted.get((b, k))
+            if read is not None:
+                checked[b, k] = CheckedCall(read.label, read.outputs, self.reference(call))
+
+        for b, batch in enumerate(self.history):
+            self.replay(batch, lambda k, call: check(b, k, call))
+        return [checked[read.batch, read.call] for read in self.reads]
 
     def reference(self, call: Call) -> dict:
         references = self.session.references
@@ -277,21 +305,10 @@ class _Job:
                 raise _Stop(self.rejected(f"the solution modified its inputs: {', '.join(changed)}"))
 
     def check_outputs(self) -> Verdict:
-        """The first checked call that fails, or a pass whose errors are the worst seen per output."""
-        compute_on = self.session.device
-        worst: dict[str, OutputError] = {}
-        for check in self.checks:
-            verdict = compare_outputs(self.definition, check.outputs, check.expected, compute_on)
-            if not verdict.passed:
-                verdict.message = f"{check.label}: {verdict.message}"
-                return verdict
-            for name, error in verdict.errors.items():
-                worst[name] = _worse(worst.get(name), error)
-        repeated = len(self.arena_sets)
-        again = compare_outputs(self.definition, self.checks[repeated].outputs, self.checks[0].outputs, compute_on)
-        if not again.passed:
-            return Verdict("REJECTED", f"outputs change between identical calls: {again.message}")
-        return Verdict(errors=worst)
+        """The first checked call that fails, or a pass whose errors are the worst seen per output; the
+        first batch's set 0 was called twice, and (unless the definition samples) must agree."""
+        return check_job(self.definition, self.expected_outputs(), repeat=(0, len(self.arena_sets)),
+                         compute_on=self.session.device, seed=fresh_seed())
 
     def timing(self) -> dict:
         """The ranked figures: the larger of the two clocks' medians, with that clock's spread. A
@@ -308,7 +325,7 @@ class _Job:
         return {**ranked, "clock": {
             "ranked_clock": name, "judge_method": "wall clock per batch, less the harness's steps run by the judge",
             "batches": len(self.times.judge_ms), "calls_per_batch": self.times.batch_sizes[0],
-            "checked_calls": len(self.checks) - len(self.arena_sets) - 1,
+            "checked_calls": len(self.reads) - len(self.arena_sets) - 1,
         }, "clocks": {
             "judge": {key: judge[key] for key in ("latency_ms", "p10_ms", "p90_ms", "ci_low_ms", "ci_high_ms", "samples")},
             "worker": {key: worker[key] for key in ("latency_ms", "p10_ms", "p90_ms", "ci_low_ms", "ci_high_ms", "samples")},
@@ -320,15 +337,6 @@ class _Job:
     def outcome(self, verdict: Verdict, timing: dict | None = None) -> JobOutcome:
         log = self.worker.log_tail() if not verdict.passed else ""
         return JobOutcome(status=verdict.status, message=verdict.message, errors=verdict.errors, log=log, timing=timing)
-
-
-def _worse(known: OutputError | None, error: OutputError) -> OutputError:
-    """Each statistic at its worst over the checked calls."""
-    if known is None:
-        return error
-    return OutputError(max_abs_error=max(known.max_abs_error, error.max_abs_error),
-                       max_rel_error=max(known.max_rel_error, error.max_rel_error),
-                       mismatch_fraction=max(known.mismatch_fraction, error.mismatch_fraction))
 
 
 def _poison(tensor: torch.Tensor) -> None:

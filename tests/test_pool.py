@@ -128,7 +128,12 @@ class FakeJudge:
         self.closed: list[FakeWorker] = []
         self.references: list[tuple[str, str]] = []
         self.ran: list[tuple[int, FakeWorker]] = []
+        self.phases: list[tuple[int, str]] = []  # (job index, phase) as the lanes announce them
         self.lock = threading.Lock()
+
+    def on_phase(self, job, phase):
+        with self.lock:
+            self.phases.append((job.index, phase))
 
     def known_failure(self, candidate):
         return self.failures.get(candidate.name)
@@ -188,8 +193,11 @@ def test_every_job_runs_once_and_no_device_runs_two_at_once():
 
 
 def test_a_pool_of_one_keeps_the_order():
-    with DevicePool(FakeJudge(seconds=0), ["cpu"]) as pool:
+    judge = FakeJudge(seconds=0)
+    with DevicePool(judge, ["cpu"]) as pool:
         assert [job.index for job, _, _ in pool.run(fake_jobs(5))] == list(range(5))
+    # A lane announces a job's build (when it starts a worker) and its references, for progress displays.
+    assert judge.phases[:2] == [(0, "build"), (0, "reference")]
 
 
 def test_the_environment_is_that_of_the_device_that_ran_the_job():

@@ -185,8 +185,9 @@ def adversarial_run(request) -> Outcome:
     copies, runners = {}, {}
     for group in chosen:  # "unsandboxed" runs the entries of "files": a copy of its own, aimed at its own files
         copies[group] = tmp / ("unsandboxed-solutions" if group == "unsandboxed" else "solutions") / DEFINITION
-        if not copies[group].exists():
+        if not copies[group].exists():  # the fixtures' folders, and beside them the shared folder they name
             shutil.copytree(SOLUTIONS, copies[group], symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(SOLUTIONS.parent / "_shared", copies[group].parent / "_shared")
     edit_files = [str(repo_root / repo.definition(DEFINITION).reference), str(repo.definition_path(DEFINITION)),
                   str(copies["outputs"] / CONTROL / "kernel.py")]
     for group, names in chosen.items():

@@ -8,7 +8,7 @@ from .binding import BindingError
 from .errors import FlashbenchError
 from .model import Solution, WorkloadSet, load_model
 from .registry import WORKLOADS_SUFFIX, Repo, is_definition_file, load_definition_file, load_solution_folder
-from .workloads import generate_inputs
+from .workloads import generate_inputs, unredrawn_data_inputs
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,9 @@ def _check_workloads(repo: Repo, path: Path) -> None:
             generate_inputs(definition, workload, seed=0, device="meta", base_dir=path.parent)
         except (BindingError, ValueError) as exc:
             raise FlashbenchError(str(exc), path, where) from None
+        fixed = unredrawn_data_inputs(definition, workload)
+        if fixed:  # the same data on every call: a solution could memoize its outputs
+            raise FlashbenchError(f"inputs {', '.join(fixed)} carry data that no call redraws", path, where)
 
 
 def _check_solution(repo: Repo, path: Path) -> None:

@@ -62,6 +62,31 @@ def test_a_redrawn_window_is_the_same_on_both_sides_and_changes_the_set(decode_i
     assert any(not torch.equal(worker.sets[0][n], judge.sets[0][n]) for n in names)
 
 
+def test_every_call_of_a_batch_sees_fresh_generated_data_on_both_sides():
+    """The FP8 quantize definition's only input is generated: the worker's and the judge's batch
+    (run_batch, one code path) give each call a cache of its own, the same on both sides."""
+    from pathlib import Path
+
+    from flashbench import Repo, generate_inputs
+    repo = Repo(Path(__file__).resolve().parents[1])
+    name = "flashmla_sparse_fp8_quantize_ckv512_kpe64_ps64"
+    definition = repo.definition(name)
+    workload = next(w for w in repo.workload_set(name).workloads if w.name == "smoke_one_block")
+    made = generate_inputs(definition, workload, 7, "cpu", repo.definition_path(name).parent)
+    seen = {}
+    for side in ("worker", "judge"):
+        sets = InputSets(definition, workload, [{"kv_cache": made["kv_cache"].clone()}], random_inputs(definition, workload))
+        assert sets.random_names == [] and sets.redrawn_names == ["kv_cache"]
+        calls = [Call(set=0, slot=k, seed=100 + k) for k in range(4)]
+        inputs = []
+        run_batch(Batch(calls=calls, fresh_seed=5), sets, lambda: None,
+                  lambda call: inputs.append(sets.sets[0]["kv_cache"].clone()), lambda call: None, CallClock("cpu", 4))
+        seen[side] = inputs
+    assert all(torch.equal(a, b) for a, b in zip(seen["worker"], seen["judge"]))
+    every = [made["kv_cache"], *seen["worker"]]
+    assert all(not torch.equal(a, b) for i, a in enumerate(every) for b in every[i + 1:])
+
+
 @pytest.fixture
 def decode_inputs():
     from pathlib import Path

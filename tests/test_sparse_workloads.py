@@ -1,5 +1,7 @@
 """The sparse-attention generators (flashbench/workloads/generators.py: sparse_prefill_indices,
-sparse_decode_indices, fp8_kv_cache) and the flashmla_sparse workload sets and cost models."""
+sparse_decode_indices, fp8_kv_cache) and the flashmla_sparse workload sets and cost models; the
+data they make (FP8 caches) drawn from the set's seed and redrawn per call, validly, by the worker
+and the judge alike; a solution memoizing generated data per input set fails."""
 
 import importlib.util
 from pathlib import Path
@@ -11,10 +13,17 @@ import torch
 from flashbench import Repo
 from flashbench.binding import bind_axes
 from flashbench.cost import evaluate_cost
-from flashbench.model import Lengths
+from flashbench.model import Lengths, Workload
 from flashbench.model.workload import FP8KVCache, KVCacheValues, SparseDecodeIndices, SparsePrefillIndices
-from flashbench.workloads import generate_inputs
-from flashbench.workloads.generators import GENERATORS, random_subsets
+from flashbench.run.judge.inputs import JobInputs
+from flashbench.run.recipe import InputSets
+from flashbench.workloads import (
+    REDRAW_WINDOW_BYTES, GeneratedData, derive_seed, generate_inputs, generated_data, generators, random_inputs,
+    unredrawn_data_inputs,
+)
+from flashbench.workloads.generators import (
+    DATA_OUTPUTS, GENERATORS, fresh_mla_fp8_tokens, fresh_mla_tokens, random_subsets,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 INT32_MAX = 2**31 - 1
@@ -129,3 +138,331 @@ def test_smoke_workloads_are_tiny_and_the_cost_counts_valid_entries(name):
             counted = int((indices != -1).sum())
         assert counted > 0
         assert flops == 2 * axes["num_heads_q"] * (576 + 512) * counted
+
+
+# Generated data (FP8 caches): drawn from the input set's seed, and a window of it redrawn by every
+# call like the random inputs, validly, leaving index structure alone; the judge's replay and the
+# worker's redraw write the same bytes.
+
+QUANTIZE = "flashmla_sparse_fp8_quantize_ckv512_kpe64_ps64"
+DEQUANTIZE = "flashmla_sparse_fp8_dequantize_ckv512_kpe64_ps64"
+DECODE_FP8 = "flashmla_sparse_decode_fp8_h64_ckv512_kpe64_ps64_topk2048"
+STRUCTURE_DTYPES = (torch.int32, torch.int64, torch.bool)
+
+
+def load_reference(name):
+    path = ROOT / "references" / "flashmla_sparse" / f"{name}.py"
+    module_spec = importlib.util.spec_from_file_location(f"reference_{name}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def repo_workload(name, workload_name):
+    repo = Repo(ROOT)
+    return repo.definition(name), next(w for w in repo.workload_set(name).workloads if w.name == workload_name)
+
+
+def made_tensors(definition, workload, seed):
+    made = generate_inputs(definition, workload, seed=seed, device="cpu", base_dir=ROOT / "definitions")
+    return made, {k: v for k, v in made.items() if isinstance(v, torch.Tensor)}
+
+
+def redrawn(definition, workload, tensors, batch_seed=5, calls=3, call_seed=77, k=1):
+    """A worker's view: the set after one call's redraw (window k of a batch of `calls`)."""
+    sets = InputSets(definition, workload, [{n: t.clone() for n, t in tensors.items()}], random_inputs(definition, workload))
+    sets.draw(batch_seed, calls)
+    sets.redraw(0, call_seed, k)
+    return sets
+
+
+def big_quantize(packed):
+    """A cache a few windows large: 40 blocks of 64 tokens."""
+    return Workload.model_validate({"uuid": f"5eed0000-fp8-{int(packed)}", "generate": [{
+        "generator": "fp8_kv_cache", "num_blocks": 40, "packed": packed,
+        "values": {"spread": 12, "boundary_tiles": 0.2, "zero_tokens": 0.05}}]})
+
+
+def big_decode():
+    """Requests holding 3000, 100 and 0 tokens in a pool of 60 blocks: more data tokens than a window."""
+    generator = {"generator": "sparse_decode_indices", "kv_lens": lengths(3000, 100, 0).model_dump(), "seq_len_q": 2,
+                 "topk": 2048, "block_pool": 60, "scatter": True, "fp8_cache": {"boundary_tiles": 0.1, "zero_tokens": 0.05}}
+    return Workload.model_validate({"uuid": "5eed0000-decode-fp8", "generate": [generator],
+                                    "inputs": {"softmax_scale": {"type": "scalar", "value": 0.1}}})
+
+
+def assert_valid_packed(rows):
+    """Packed tokens as the quantize reference writes them: no NaN byte, finite power-of-two scales
+    within the format's range, finite rope values."""
+    assert not ((rows[:, :512] == 0x7F) | (rows[:, :512] == -1)).any()  # e4m3's NaNs: 0x7F, 0xFF
+    scales = rows[:, 512:528].contiguous().view(torch.float32)
+    assert torch.isfinite(scales).all() and (scales >= 2.0**-14).all()
+    assert torch.equal(scales, torch.exp2(torch.log2(scales).round()))
+    assert torch.isfinite(rows[:, 528:].contiguous().view(torch.bfloat16)).all()
+
+
+def test_every_generator_output_that_is_not_index_structure_is_declared_data():
+    """Over the repository's workloads: what a generator makes in a byte or floating type is data,
+    declared (so redrawn), and it changes with the set seed; integer structure does not."""
+    repo = Repo(ROOT)
+    seen = set()
+    for name in repo.names():
+        definition = repo.definition(name)
+        for workload in repo.workload_set(name).workloads:
+            if workload.name != next(w.name for w in repo.workload_set(name).workloads):
+                continue  # one workload per set is enough
+            declared = generated_data(workload)
+            for spec in workload.generate:
+                rng = lambda: np.random.default_rng(3)  # noqa: E731
+                if spec.generator in DATA_OUTPUTS:
+                    first, _ = GENERATORS[spec.generator](spec, rng(), data_rng=np.random.default_rng(1))
+                    second, _ = GENERATORS[spec.generator](spec, rng(), data_rng=np.random.default_rng(2))
+                else:
+                    first, _ = GENERATORS[spec.generator](spec, rng())
+                    second = first
+                for output, tensor in first.items():
+                    seen.add(spec.generator)
+                    if tensor.dtype in STRUCTURE_DTYPES:
+                        assert output not in declared and torch.equal(tensor, second[output]), (name, output)
+                    else:
+                        assert output in declared and declared[output].fresh is not None, (name, output)
+                        assert not torch.equal(tensor, second[output]), (name, output)
+            assert unredrawn_data_inputs(definition, workload) == [], name
+    assert {"fp8_kv_cache", "sparse_decode_indices", "paged_kv", "block_table"} <= seen
+
+
+@pytest.mark.parametrize("name, workload_name, data", [
+    (QUANTIZE, "smoke_wide_scales", "kv_cache"), (DEQUANTIZE, "smoke_one_block", "kv_cache_fp8"),
+    (DECODE_FP8, "smoke_sq1", "k_cache"),
+])
+def test_the_set_seed_changes_generated_data_not_structure(name, workload_name, data):
+    definition, workload = repo_workload(name, workload_name)
+    _, first = made_tensors(definition, workload, 1)
+    _, again = made_tensors(definition, workload, 1)
+    _, second = made_tensors(definition, workload, 2)
+    assert all(torch.equal(first[n], again[n]) for n in first)
+    assert not torch.equal(first[data], second[data])
+    for n, tensor in first.items():
+        if n != data and tensor.dtype in STRUCTURE_DTYPES:
+            assert torch.equal(tensor, second[n]), n
+    if data == "k_cache":  # the tokens no request holds are NaN bytes in every set
+        nan = (first[data].view(-1, 656)[:, :512] == 0x7F).all(1)
+        assert torch.equal(nan, (second[data].view(-1, 656)[:, :512] == 0x7F).all(1)) and nan.any()
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_call_redraws_a_window_of_a_generated_cache_validly(packed):
+    definition = Repo(ROOT).definition(DEQUANTIZE if packed else QUANTIZE)
+    workload = big_quantize(packed)
+    name, width = ("kv_cache_fp8", 656) if packed else ("kv_cache", 576)
+    made, tensors = made_tensors(definition, workload, 4)
+    sets = redrawn(definition, workload, tensors)
+    assert sets.redrawn_names == [name] and sets.random_names == []
+    before, after = tensors[name].view(-1, width), sets.sets[0][name].view(-1, width)
+    count = min(40 * 64, REDRAW_WINDOW_BYTES // (width * after.element_size()))
+    assert count < 40 * 64  # the window is part of the cache
+    changed = torch.nonzero((before != after).any(1)).flatten()
+    start = int(changed.min())
+    assert int(changed.max()) < start + count and len(changed) > 0.95 * count  # one window, (nearly) every row of it
+    assert torch.equal(after[start:start + count], sets.fresh_data[name][count:2 * count])  # window k=1 of the batch
+    bind_axes(definition, {**made, **sets.sets[0]})  # shapes, dtypes, constraints: as validate checks them
+    if packed:
+        assert_valid_packed(after)
+    else:
+        assert torch.isfinite(after.float()).all()
+
+
+def test_a_call_redraws_only_the_decode_caches_data_tokens():
+    definition = Repo(ROOT).definition(DECODE_FP8)
+    workload = big_decode()
+    made, tensors = made_tensors(definition, workload, 4)
+    sets = redrawn(definition, workload, tensors)
+    assert sets.redrawn_names == ["q", "k_cache"]
+    before, after = tensors["k_cache"].view(-1, 656), sets.sets[0]["k_cache"].view(-1, 656)
+    nan = (before[:, :512] == 0x7F).all(1)
+    assert int((~nan).sum()) == 3100
+    changed = (before != after).any(1)
+    assert not (changed & nan).any()  # NaN tokens stay NaN
+    assert 0.95 * (REDRAW_WINDOW_BYTES // 656) < int(changed.sum()) <= REDRAW_WINDOW_BYTES // 656
+    assert torch.equal(sets.sets[0]["indices"], tensors["indices"])  # index structure untouched
+    assert_valid_packed(after[~nan])
+    axes = bind_axes(definition, {**made, **sets.sets[0]})
+    assert axes["num_blocks"] == 60
+    reference = load_reference("flashmla_sparse_decode_fp8")  # the reference still has finite outputs
+    out, lse = reference.run(sets.sets[0]["q"], sets.sets[0]["k_cache"], sets.sets[0]["indices"], 0.1)
+    assert torch.isfinite(out.float()).all() and not torch.isnan(lse).any()
+
+
+def test_fresh_tokens_are_drawn_and_quantised_as_the_generator_makes_them():
+    values = KVCacheValues(spread=12, boundary_tiles=1.0, zero_tokens=0.0)
+    tokens = fresh_mla_tokens(values, 300, torch.Generator().manual_seed(9), "cpu")
+    packed = fresh_mla_fp8_tokens(values, 300, torch.Generator().manual_seed(9), "cpu")
+    quantize = load_reference(QUANTIZE)
+    assert torch.equal(quantize.run(tokens.view(300, 1, 1, 576)).view(300, 656), packed)
+    amax = tokens[:, :512].float().view(300, 4, 128).abs().amax(-1)  # every tile a boundary tile: 448 * 2^k
+    assert torch.equal(amax / 448, torch.exp2(torch.log2(amax / 448).round()))
+    spread = torch.log2(tokens[:, :512].float().view(300, 4, 128).std(-1))
+    assert spread.max() - spread.min() > 8  # tiles of very different magnitudes
+    zeros = fresh_mla_tokens(KVCacheValues(zero_tokens=1.0), 5, torch.Generator().manual_seed(1), "cpu")
+    assert torch.equal(zeros, torch.zeros_like(zeros)) and not torch.signbit(zeros.float()).any()
+    chunk = generators.FRESH_CHUNK_TOKENS
+    chunked = fresh_mla_tokens(values, chunk + 300, torch.Generator().manual_seed(9), "cpu")  # past one chunk
+    assert chunked.shape == (chunk + 300, 576) and torch.isfinite(chunked.float()).all()
+    assert not torch.equal(chunked[:300], chunked[chunk:])  # chunks draw on, never repeat
+
+
+@pytest.mark.parametrize("name, workload_name", [(QUANTIZE, "smoke_one_block"), (DEQUANTIZE, "smoke_wide_scales"),
+                                                 (DECODE_FP8, "smoke_mtp2")])
+def test_the_judges_replay_writes_what_the_worker_writes(name, workload_name):
+    """JobInputs' replay (the judge) and an InputSets as the worker builds it, on the same seeds."""
+    definition, workload = repo_workload(name, workload_name)
+    judge = JobInputs(definition, workload, [11, 12], "cpu", ROOT / "definitions")
+    worker = InputSets(definition, workload, [{n: t.clone() for n, t in s.items() if isinstance(t, torch.Tensor)}
+                                              for s in judge.sets], random_inputs(definition, workload))
+    data = next(n for n in judge.redrawn_names if n not in judge.random_names)
+    for batch_seed, calls in ((3, [(0, 101), (1, 102), (0, 103)]), (4, [(1, 104)])):
+        for sets in (judge.replay, worker):
+            sets.draw(batch_seed, len(calls))
+            for k, (index, seed) in enumerate(calls):
+                sets.redraw(index, seed, k)
+    for index in (0, 1):
+        for n, tensor in worker.sets[index].items():
+            assert torch.equal(tensor, judge.current[index][n]), n
+        assert not torch.equal(judge.current[index][data], judge.sets[index][data])  # the calls changed it
+    assert not torch.equal(judge.current[0][data], judge.current[1][data])
+
+
+def test_unredrawn_data_inputs_names_fixed_data(monkeypatch):
+    definition, workload = repo_workload(QUANTIZE, "smoke_one_block")
+    assert unredrawn_data_inputs(definition, workload) == []
+    # A generator whose data cannot be redrawn is named...
+    monkeypatch.setitem(DATA_OUTPUTS, "fp8_kv_cache",
+                        lambda spec, rng: {"kv_cache": GeneratedData(576, None, fixed="no valid redraw")})
+    assert unredrawn_data_inputs(definition, workload) == ["kv_cache"]
+    sets = InputSets(definition, workload, [made_tensors(definition, workload, 1)[1]], [])
+    assert sets.redrawn_names == []
+    monkeypatch.undo()
+    # ...and so is a captured floating-point tensor (an integer one is index structure).
+    captured = Workload.model_validate({"uuid": "5eed0000-captured", "inputs": {
+        "kv_cache": {"type": "safetensors", "path": "x.safetensors", "tensor_key": "kv"}}})
+    assert unredrawn_data_inputs(definition, captured) == ["kv_cache"]
+    assert derive_seed(1, "a") != derive_seed(2, "a")
+
+
+# A solution that memoizes per input set what it derives from generated data: it passed while
+# generated inputs were public and never changed; now every call's cache differs, and it fails.
+
+MEMO_SOLUTIONS = {
+    QUANTIZE: '''
+import torch
+
+_memo = {}
+
+
+def quantize(kv_cache):
+    tokens = kv_cache.reshape(-1, 576)
+    nope = tokens[:, :512].float().reshape(-1, 4, 128)
+    bound = torch.clamp_min(nope.abs().amax(-1) / 448.0, 1e-4)
+    mantissa, exponent = torch.frexp(bound)
+    scale = torch.ldexp(torch.ones_like(bound), exponent - (mantissa == 0.5).to(exponent.dtype))
+    packed = torch.empty(tokens.shape[0], 656, dtype=torch.int8)
+    packed[:, :512] = (nope / scale[..., None]).to(torch.float8_e4m3fn).reshape(-1, 512).view(torch.int8)
+    packed[:, 512:528] = scale.contiguous().view(torch.int8)
+    packed[:, 528:] = tokens[:, 512:].contiguous().view(torch.int8)
+    return packed.reshape(*kv_cache.shape[:3], 656)
+
+
+def run(kv_cache):
+    key = (kv_cache.data_ptr(), tuple(kv_cache.shape))
+    if key not in _memo:
+        _memo[key] = quantize(kv_cache)
+    return _memo[key].clone()
+''',
+    DEQUANTIZE: '''
+import torch
+
+_memo = {}
+
+
+def dequantize(kv_cache_fp8):
+    tokens = kv_cache_fp8.reshape(-1, 656)
+    nope = tokens[:, :512].contiguous().view(torch.float8_e4m3fn).float().reshape(-1, 4, 128)
+    scale = tokens[:, 512:528].contiguous().view(torch.float32)
+    out = torch.cat([(nope * scale[..., None]).reshape(-1, 512).to(torch.bfloat16),
+                     tokens[:, 528:].contiguous().view(torch.bfloat16)], dim=-1)
+    return out.reshape(*kv_cache_fp8.shape[:3], 576)
+
+
+def run(kv_cache_fp8):
+    key = (kv_cache_fp8.data_ptr(), tuple(kv_cache_fp8.shape))
+    if key not in _memo:
+        _memo[key] = dequantize(kv_cache_fp8)
+    return _memo[key].clone()
+''',
+    # q is random and redrawn each call: this one keeps only the dequantized cache per input set.
+    DECODE_FP8: '''
+import math
+
+import torch
+
+_keys = {}
+
+
+def dequantize(rows):
+    nope = rows[:, :512].contiguous().view(torch.float8_e4m3fn).float().reshape(-1, 4, 128)
+    scale = rows[:, 512:528].contiguous().view(torch.float32)
+    nope = (nope * scale[..., None]).reshape(-1, 512).to(torch.bfloat16)
+    return torch.cat([nope, rows[:, 528:].contiguous().view(torch.bfloat16)], dim=-1).float()
+
+
+def run(q, k_cache, indices, softmax_scale):
+    key = (k_cache.data_ptr(), tuple(k_cache.shape))
+    if key not in _keys:
+        _keys[key] = dequantize(k_cache.reshape(-1, 656))
+    cache = _keys[key]
+    batch_size, seq_len_q, num_heads, _ = q.shape
+    out = torch.zeros(batch_size, seq_len_q, num_heads, 512, dtype=torch.bfloat16)
+    lse = torch.full((batch_size, num_heads, seq_len_q), math.inf, dtype=torch.float32)
+    for b in range(batch_size):
+        idx = indices[b].long()
+        valid = idx != -1
+        keys = torch.where(valid[..., None], cache[idx.clamp_min(0)], 0.0)
+        logits = (q[b].float() @ keys.transpose(1, 2)) * softmax_scale
+        logits = logits.masked_fill(~valid[:, None, :], -math.inf)
+        seen = valid.any(dim=-1)[:, None]
+        row_lse = torch.logsumexp(logits, dim=-1)
+        weights = torch.exp(logits - torch.where(seen, row_lse, 0.0)[..., None])
+        out[b] = torch.where(seen[..., None], weights @ keys[..., :512], 0.0).to(torch.bfloat16)
+        lse[b] = torch.where(seen, row_lse, math.inf).T
+    return out, lse
+''',
+}
+
+
+def write_memo_solution(folder: Path, definition: str) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "kernel.py").write_text(MEMO_SOLUTIONS[definition])
+    (folder / "solution.yaml").write_text(
+        f"name: memoizes_generated\ndefinition: {definition}\nauthor: tests\n"
+        "description: Remembers per input set (its buffer's address) what it derives from the generated cache.\n"
+        "language: python\nentry_point: kernel.py::run\ndestination_passing_style: false\ndependencies: [torch]\n")
+    return folder
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("definition", [QUANTIZE, DEQUANTIZE, DECODE_FP8])
+def test_a_solution_memoizing_generated_data_per_input_set_fails(definition, tmp_path):
+    from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
+
+    repo = Repo(ROOT)
+    folder = write_memo_solution(tmp_path / "memoizes_generated", definition)
+    # At level process the solution folder under /tmp is the host's; the attack needs no sandbox.
+    runner = Runner(repo, definition, RunOptions(device="cpu", iters=3, warmup=0, input_sets=2, timeout=120.0,
+                                                 isolation="process", trace_dir=tmp_path / "traces",
+                                                 cache_dir=tmp_path / "cache"))
+    candidates = runner.candidates(select_solutions(repo, definition, [str(folder)]))
+    result = runner.run(candidates[1:], select_workloads(repo, definition, ["smoke"], "cpu"))
+    assert len(result.traces) == 2
+    for trace in result.traces:
+        assert trace.status == "INCORRECT_NUMERICAL", (trace.workload_name, trace.status, trace.message)
+        assert trace.message.startswith("timed call"), trace.message  # the sets as drawn: right

@@ -6,16 +6,21 @@ around the worker's batch. A batch draws its fresh data first; then each call: a
 set's random inputs redrawn (when the call has a seed), the L2 flushed, then the call between two
 clock readings. A call's own host work is a few launches, so on a GPU a batch is bound by the
 device's time, which is what the judge's clock has to see.
+
+What a call redraws: a window of every random input, and of every input a generator makes that
+carries data (an FP8 KV cache: fresh tokens quantised as the generator quantises them, only in the
+rows that carry data); index structure never changes. The worker does it in its arena, the judge
+on its own copies: InputSets is the one code path of both.
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from ..model import Definition, Workload
-from ..workloads import draw_windows, write_window
+from ..workloads import GeneratedData, draw_data_windows, draw_windows, redrawn_data, write_data_window, write_window
 from .protocol import Batch, Call
 
 FLUSH_BYTES = 256 << 20  # over 4x the H200's 60 MB L2
@@ -90,21 +95,35 @@ class CallClock:
 
 @dataclass
 class InputSets:
-    """The tensor inputs of each set and how a batch redraws part of their random inputs: one draw
-    of fresh data per input for the whole batch (from the batch's seed), then per call a window of
-    it written at an offset drawn from the call's seed."""
+    """The tensor inputs of each set and how a batch redraws part of their data: one draw of fresh
+    data per input for the whole batch (from the batch's seed), then per call a window of it
+    written at an offset drawn from the call's seed. `random_names` are the random inputs; the
+    generated inputs that carry data (`data`) are found from the workload here, so that whoever
+    builds an InputSets (the worker, the judge's replay, the judge's baseline) redraws them alike."""
 
     definition: Definition
     workload: Workload
     sets: list[dict[str, torch.Tensor]]
     random_names: list[str]
     fresh: dict | None = None
+    data: dict[str, GeneratedData] = field(init=False)
+    fresh_data: dict | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        self.data = redrawn_data(self.definition, self.workload, self.sets[0])
 
     def draw(self, seed: int, calls: int) -> None:
         self.fresh = draw_windows(self.definition, self.workload, self.sets[0], self.random_names, seed, calls)
+        self.fresh_data = draw_data_windows(self.workload, self.sets[0], self.data, seed, calls)
 
     def redraw(self, index: int, seed: int, k: int) -> None:
         write_window(self.workload, self.sets[index], self.fresh, k, seed)
+        write_data_window(self.workload, self.sets[index], self.data, self.fresh_data, k, seed)
+
+    @property
+    def redrawn_names(self) -> list[str]:
+        """Every input a call redraws a window of."""
+        return [*self.random_names, *self.data]
 
 
 def run_batch(batch: Batch, inputs: InputSets, flush: L2Flush, invoke: Callable[[Call], None],

@@ -1,8 +1,14 @@
 """Turning a workload record into concrete inputs that satisfy the definition.
 
 Index structure (from structured generators) is seeded by the workload's uuid alone, so a
-workload always has the same lengths and pages; tensor contents are seeded by the run's
-seed, so several seeds give independent input sets of the same shape.
+workload always has the same lengths and pages; tensor contents (random inputs, and the data a
+generator makes, e.g. an FP8 KV cache) are seeded by the input set's seed, so several seeds give
+independent input sets of the same shape, and a run whose seeds are secret has secret data.
+
+Every call then redraws a window of each data input in place (draw_windows/write_window for random
+inputs, draw_data_windows/write_data_window for generated data), from seeds revealed only in the
+batch that makes the call: no output can be precomputed, and no cache of earlier calls answers one.
+unredrawn_data_inputs names what carries data yet never changes (outputs that could be memoized).
 """
 
 import hashlib
@@ -10,15 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..binding import BindingError, bind_axes
+from ..dtypes import is_float
 from ..model import Definition, Workload
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
-from .generators import GENERATORS, sample_lengths
+from .generators import DATA_OUTPUTS, GENERATORS, GeneratedData, sample_lengths
 from .tensors import DEFAULT_RANDOM, random_tensor, safetensors_tensor, scalar_value
 
-__all__ = ["GENERATORS", "derive_seed", "generate_inputs", "random_inputs", "draw_windows", "write_window", "sample_lengths",
-           "structured_inputs"]
+__all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "draw_windows", "write_window",
+           "generated_data", "redrawn_data", "draw_data_windows", "write_data_window", "unredrawn_data_inputs",
+           "sample_lengths", "structured_inputs"]
 
 
 def derive_seed(*parts: object) -> int:
@@ -31,8 +40,9 @@ def generate_inputs(
     definition: Definition, workload: Workload, seed: int, device: str = "cpu", base_dir: Path = Path("."),
 ) -> dict[str, Any]:
     """Every input of `workload` on `device`, checked against the definition's shapes and constraints.
-    Timed calls redraw parts of the random inputs in place (draw_windows, write_window)."""
-    inputs, axes = structured_inputs(workload, device)
+    Timed calls redraw parts of the random inputs and generated data in place (draw_windows,
+    write_window; draw_data_windows, write_data_window)."""
+    inputs, axes = structured_inputs(workload, device, seed)
     both = sorted(set(inputs) & set(workload.inputs))
     if both:
         raise BindingError(f"inputs.{both[0]}: a generator already makes this input; give it in one place only")
@@ -104,14 +114,20 @@ def write_window(workload: Workload, inputs: dict[str, Any], fresh: dict[str, An
         flat[start:start + count].copy_(data[k * count:(k + 1) * count])
 
 
-def structured_inputs(workload: Workload, device: str) -> tuple[dict[str, Any], dict[str, int]]:
-    """The inputs made by the workload's structured generators, and the axis values they decide."""
+def structured_inputs(workload: Workload, device: str, seed: int | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+    """The inputs made by the workload's structured generators, and the axis values they decide.
+    Their structure is seeded by the workload alone; the data a generator makes, by `seed` too."""
     inputs: dict[str, Any] = {}
     axes: dict[str, int] = {}
     for i, spec in enumerate(workload.generate):
         rng = np.random.default_rng(derive_seed(workload.uuid, "generate", i))
+        make = GENERATORS[spec.generator]
         try:
-            tensors, generated_axes = GENERATORS[spec.generator](spec, rng)
+            if spec.generator in DATA_OUTPUTS:
+                data_rng = np.random.default_rng(derive_seed(seed, workload.uuid, "generate", i, "data"))
+                tensors, generated_axes = make(spec, rng, data_rng=data_rng)
+            else:
+                tensors, generated_axes = make(spec, rng)
         except ValueError as exc:
             raise BindingError(f"generate[{i}] ({spec.generator}): {exc}") from None
         # On "meta" (shape-only checks) index tensors keep their data on the CPU for the constraints.
@@ -119,6 +135,74 @@ def structured_inputs(workload: Workload, device: str) -> tuple[dict[str, Any], 
         inputs.update({k: v.to(target) for k, v in tensors.items()})
         axes.update(generated_axes)
     return inputs, axes
+
+
+def generated_data(workload: Workload) -> dict[str, GeneratedData]:
+    """The generated inputs that carry data, by name, and how a call redraws each (GeneratedData)."""
+    found: dict[str, GeneratedData] = {}
+    for i, spec in enumerate(workload.generate):
+        describe = DATA_OUTPUTS.get(spec.generator)
+        if describe is not None:
+            try:
+                found.update(describe(spec, np.random.default_rng(derive_seed(workload.uuid, "generate", i))))
+            except ValueError as exc:
+                raise BindingError(f"generate[{i}] ({spec.generator}): {exc}") from None
+    return found
+
+
+def redrawn_data(definition: Definition, workload: Workload, like: dict[str, Any]) -> dict[str, GeneratedData]:
+    """The generated data inputs a call redraws, placed on the device of `like`'s tensors."""
+    return {name: data.on(like[name].device) for name, data in generated_data(workload).items()
+            if data.fresh is not None and name in definition.inputs and isinstance(like.get(name), torch.Tensor)}
+
+
+def unredrawn_data_inputs(definition: Definition, workload: Workload) -> list[str]:
+    """Inputs that carry data yet no call redraws: generated data that cannot be redrawn, and captured
+    (safetensors) floating-point tensors. They are the same on every call of a run (captured ones, of
+    every run): a solution could memoize what it derives from them. Integer captured tensors count as
+    index structure."""
+    fixed = {name for name, data in generated_data(workload).items() if data.fresh is None}
+    return [
+        name for name, spec in definition.inputs.items()
+        if name in fixed or (isinstance(workload.inputs.get(name), SafetensorsInput) and is_float(spec.dtype))
+    ]
+
+
+def data_window(data: GeneratedData, tensor) -> tuple[int, int]:
+    """(rows that carry data, rows a window covers): all of them up to REDRAW_WINDOW_BYTES."""
+    rows = tensor.numel() // data.width if data.rows is None else data.rows.numel()
+    per_row = data.width * tensor.element_size()
+    return rows, min(rows, max(1, REDRAW_WINDOW_BYTES // per_row))
+
+
+def draw_data_windows(workload: Workload, like: dict[str, Any], data: dict[str, GeneratedData], seed: int,
+                      calls: int) -> dict[str, Any]:
+    """Fresh rows for `calls` windows of each generated data input, one draw per input."""
+    fresh = {}
+    for name, spec in data.items():
+        rows, count = data_window(spec, like[name])
+        if rows == 0:
+            continue
+        device = like[name].device
+        generator = torch.Generator(device=device).manual_seed(derive_seed(seed, workload.uuid, name, "windows"))
+        fresh[name] = spec.fresh(calls * count, generator, device)
+    return fresh
+
+
+def write_data_window(workload: Workload, inputs: dict[str, Any], data: dict[str, GeneratedData], fresh: dict[str, Any],
+                      k: int, seed: int) -> None:
+    """Overwrite window `k` of each generated data input's fresh rows into it in place, at rows
+    start.. of its data rows, start drawn from `seed`."""
+    for name, rows in fresh.items():
+        spec = data[name]
+        table = inputs[name].view(-1, spec.width)
+        total, count = data_window(spec, inputs[name])
+        start = derive_seed(seed, workload.uuid, name, "window") % (total - count + 1)
+        window = rows[k * count:(k + 1) * count]
+        if spec.rows is None:
+            table[start:start + count].copy_(window)
+        else:
+            table.index_copy_(0, spec.rows[start:start + count], window)
 
 
 def _concrete_shape(name: str, shape: list[str], axes: dict[str, int]) -> list[int]:

@@ -3,8 +3,18 @@
 A generator takes its spec (a model in flashbench.model.workload) and a numpy random
 generator, and returns tensors by input name plus the axis values it decides. New op
 families register theirs with @register("name").
+
+Index structure (lengths, page tables, index sets) comes from that generator, seeded by the
+workload alone: every run and every solution sees the same structure. Data (values a solution
+computes with, e.g. an FP8 KV cache) must not be public nor fixed: a generator that makes data
+registers with @register("name", data=describe), takes a second generator `data_rng` (seeded by the
+input set's secret seed; without it, the structure's generator goes on), and `describe(spec, rng)`
+says which of its outputs are data and how a call redraws a window of each (GeneratedData),
+recomputing from the structure's generator whatever the window needs (which rows carry data).
 """
 
+import functools
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -17,9 +27,36 @@ GeneratedInputs = tuple[dict[str, torch.Tensor], dict[str, int]]
 GENERATORS: dict[str, Callable[..., GeneratedInputs]] = {}
 
 
-def register(name: str):
+@dataclass(frozen=True)
+class GeneratedData:
+    """A generated input that carries data. Every call redraws a window of it in place: whole rows
+    of `width` elements (the tensor viewed as [-1, width]), at most REDRAW_WINDOW_BYTES of them,
+    taken from `fresh(count, generator, device)`: `count` new rows, valid as the generator's own
+    are (quantised as it quantises, scales included), the same for the same torch generator state.
+    `rows` are the rows that carry data, in the order windows run over them (None: every row);
+    the others (e.g. poisoned tokens no valid index reaches) are never rewritten. A generated input
+    that cannot be redrawn validly has fresh=None and says why in `fixed`: unredrawn_data_inputs
+    lists it, and another data input of its definition must change per call."""
+
+    width: int
+    fresh: Callable[[int, torch.Generator, str], torch.Tensor] | None
+    rows: torch.Tensor | None = None
+    fixed: str = ""
+
+    def on(self, device) -> "GeneratedData":
+        return self if self.rows is None else replace(self, rows=self.rows.to(device))
+
+
+DescribeData = Callable[..., dict[str, GeneratedData]]
+DATA_OUTPUTS: dict[str, DescribeData] = {}
+
+
+def register(name: str, data: DescribeData | None = None):
+    """`data(spec, rng)`: the generator's data outputs for `spec` (rng as the generator gets it)."""
     def add(func):
         GENERATORS[name] = func
+        if data is not None:
+            DATA_OUTPUTS[name] = data
         return func
     return add
 
@@ -113,7 +150,6 @@ def varlen(spec: Varlen, rng: np.random.Generator) -> GeneratedInputs:
 
 # Sparse attention (FlashMLA's DSA kernels): top-k index sets and FP8 KV caches.
 
-import functools  # noqa: E402
 import importlib.util  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -121,6 +157,7 @@ from ..model.workload import FP8KVCache, KVCacheValues, SparseDecodeIndices, Spa
 
 FP8_QUANTIZE_REFERENCE = Path("references/flashmla_sparse/flashmla_sparse_fp8_quantize_ckv512_kpe64_ps64.py")
 MLA_HEAD_DIM, MLA_LATENT, MLA_TILE = 576, 512, 128
+MLA_FP8_BYTES = MLA_LATENT + 4 * (MLA_LATENT // MLA_TILE) + 2 * (MLA_HEAD_DIM - MLA_LATENT)  # 656 per packed token
 INT32_MAX = 2**31 - 1
 CODEBOOK_TOKENS = 2048  # distinct token contents in a generated cache
 
@@ -174,6 +211,55 @@ def mla_fp8_cache(spec: KVCacheValues, num_blocks: int, block_size: int, rng: np
     tokens, slots = mla_cache_tokens(spec, num_blocks * block_size, rng)
     packed = fp8_quantize()(tokens.reshape(-1, 1, 1, MLA_HEAD_DIM)).reshape(len(tokens), -1)
     return packed[slots].reshape(num_blocks, block_size, 1, -1)
+
+
+# Redrawn windows (GeneratedData.fresh): fresh tokens drawn as mla_cache_tokens draws them, in torch on
+# the inputs' device (a batch draws every window of its calls at once: up to ~1600 tokens a call),
+# chunk by chunk so that the float32 work space stays under ~0.5 GiB however many calls the batch has.
+FRESH_CHUNK_TOKENS = 1 << 16
+
+
+def fresh_mla_tokens(spec: KVCacheValues, count: int, generator: torch.Generator, device) -> torch.Tensor:
+    """[count, 576] bfloat16 tokens distributed as mla_cache_tokens makes them (tile magnitudes
+    2^u, boundary tiles, zero tokens), every one distinct."""
+    return _in_chunks(count, MLA_HEAD_DIM, torch.bfloat16, device,
+                      lambda n: _fresh_token_values(spec, n, generator, device).to(torch.bfloat16))
+
+
+def fresh_mla_fp8_tokens(spec: KVCacheValues, count: int, generator: torch.Generator, device) -> torch.Tensor:
+    """[count, 656] packed FP8 tokens (int8 bytes): fresh tokens quantised by the quantize reference,
+    scales included, as the generated caches are."""
+    def chunk(n: int) -> torch.Tensor:
+        tokens = _fresh_token_values(spec, n, generator, device).to(torch.bfloat16)
+        return fp8_quantize()(tokens.view(n, 1, 1, MLA_HEAD_DIM)).view(n, -1)
+    return _in_chunks(count, MLA_FP8_BYTES, torch.int8, device, chunk)
+
+
+def _in_chunks(count: int, width: int, dtype: torch.dtype, device, make: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    out = torch.empty(count, width, dtype=dtype, device=device)
+    for start in range(0, count, FRESH_CHUNK_TOKENS):
+        n = min(FRESH_CHUNK_TOKENS, count - start)
+        out[start:start + n] = make(n)
+    return out
+
+
+def _fresh_token_values(spec: KVCacheValues, n: int, generator: torch.Generator, device) -> torch.Tensor:
+    """mla_cache_tokens' draw in torch, float32 (no host synchronisation: masks, not nonzero)."""
+    values = torch.randn(n, MLA_HEAD_DIM, generator=generator, device=device)
+    tiles = values[:, :MLA_LATENT].unflatten(-1, (MLA_LATENT // MLA_TILE, MLA_TILE))  # a view
+    half = spec.spread / 2
+    tiles.mul_(torch.exp2(torch.rand(n, MLA_LATENT // MLA_TILE, 1, generator=generator, device=device) * (2 * half) - half))
+    if spec.boundary_tiles > 0:
+        chosen = torch.rand(n, MLA_LATENT // MLA_TILE, 1, generator=generator, device=device) < spec.boundary_tiles
+        largest = tiles.abs().argmax(dim=-1, keepdim=True)
+        peak = tiles.gather(-1, largest)
+        # the next 448 * 2^k at or above the tile's largest |value|: its scale is exactly 2^k
+        bound = 448.0 * torch.exp2(torch.ceil(torch.log2(peak.abs().clamp_min(1e-30) / 448.0)))
+        tiles.scatter_(-1, largest, torch.where(chosen, torch.copysign(bound, peak), peak))
+    if spec.zero_tokens > 0:
+        zero = torch.rand(n, 1, generator=generator, device=device) < spec.zero_tokens
+        values = torch.where(zero, 0.0, values)
+    return values
 
 
 def _nan_token_bytes(bytes_per_token: int) -> torch.Tensor:
@@ -248,8 +334,8 @@ def sparse_prefill_indices(spec: SparsePrefillIndices, rng: np.random.Generator)
     return tensors, {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
 
 
-@register("sparse_decode_indices")
-def sparse_decode_indices(spec: SparseDecodeIndices, rng: np.random.Generator) -> GeneratedInputs:
+def _decode_layout(spec: SparseDecodeIndices, rng: np.random.Generator) -> dict:
+    """The index structure of sparse_decode_indices: indices, and which cache tokens requests hold."""
     kv_lens = sample_lengths(spec.kv_lens, rng)
     size, seq_len_q, topk = spec.block_size, spec.seq_len_q, spec.topk
     blocks = -(-kv_lens // size)  # blocks per request, rounded up
@@ -270,21 +356,48 @@ def sparse_decode_indices(spec: SparseDecodeIndices, rng: np.random.Generator) -
     indices = np.where(position >= 0, block * size + position % size, -1)
     if spec.scatter:
         indices = rng.permuted(indices, axis=1)
-    tensors = {"indices": torch.from_numpy(indices.astype(np.int32)).reshape(batch_size, seq_len_q, topk)}
+    used = np.zeros(pool * size, dtype=bool)  # cache tokens some request holds
+    token = block_ids[:, None] * size + np.arange(size)  # tokens of every handed-out block, request after request
+    in_request = np.arange(size)[None, :] + (np.arange(needed) - np.repeat(first_block, blocks))[:, None] * size
+    used[token[in_request < np.repeat(kv_lens, blocks)[:, None]]] = True
+    return {"indices": indices.reshape(batch_size, seq_len_q, topk), "used": used, "pool": pool,
+            "batch_size": batch_size}
+
+
+def sparse_decode_data(spec: SparseDecodeIndices, rng: np.random.Generator) -> dict[str, GeneratedData]:
+    """k_cache carries data in the tokens requests hold (the rest are NaN bytes no valid index
+    reaches, and stay so): windows of those tokens are redrawn and quantised afresh."""
+    if spec.fp8_cache is None:
+        return {}
+    used = _decode_layout(spec, rng)["used"]
+    return {"k_cache": GeneratedData(MLA_FP8_BYTES, functools.partial(fresh_mla_fp8_tokens, spec.fp8_cache),
+                                     rows=torch.from_numpy(np.flatnonzero(used)))}
+
+
+@register("sparse_decode_indices", data=sparse_decode_data)
+def sparse_decode_indices(spec: SparseDecodeIndices, rng: np.random.Generator,
+                          data_rng: np.random.Generator | None = None) -> GeneratedInputs:
+    layout = _decode_layout(spec, rng)
+    pool, batch_size, size = layout["pool"], layout["batch_size"], spec.block_size
+    tensors = {"indices": torch.from_numpy(layout["indices"].astype(np.int32))}
     if spec.fp8_cache is not None:
-        packed = mla_fp8_cache(spec.fp8_cache, pool, size, rng)
-        used = np.zeros(pool * size, dtype=bool)
-        token = block_ids[:, None] * size + np.arange(size)  # tokens of every handed-out block, request after request
-        in_request = np.arange(size)[None, :] + (np.arange(needed) - np.repeat(first_block, blocks))[:, None] * size
-        used[token[in_request < np.repeat(kv_lens, blocks)[:, None]]] = True
+        packed = mla_fp8_cache(spec.fp8_cache, pool, size, rng if data_rng is None else data_rng)
         flat = packed.view(pool * size, -1)
-        flat[torch.from_numpy(~used)] = _nan_token_bytes(flat.shape[-1])  # never reached by a valid index
+        flat[torch.from_numpy(~layout["used"])] = _nan_token_bytes(flat.shape[-1])  # never reached by a valid index
         tensors["k_cache"] = packed
-    return tensors, {"batch_size": batch_size, "seq_len_q": seq_len_q, "num_blocks": pool}
+    return tensors, {"batch_size": batch_size, "seq_len_q": spec.seq_len_q, "num_blocks": pool}
 
 
-@register("fp8_kv_cache")
-def fp8_kv_cache(spec: FP8KVCache, rng: np.random.Generator) -> GeneratedInputs:
+def fp8_kv_cache_data(spec: FP8KVCache, rng: np.random.Generator) -> dict[str, GeneratedData]:
+    """The whole cache is data: any window of tokens is redrawn (and, packed, quantised afresh)."""
+    if spec.packed:
+        return {"kv_cache_fp8": GeneratedData(MLA_FP8_BYTES, functools.partial(fresh_mla_fp8_tokens, spec.values))}
+    return {"kv_cache": GeneratedData(MLA_HEAD_DIM, functools.partial(fresh_mla_tokens, spec.values))}
+
+
+@register("fp8_kv_cache", data=fp8_kv_cache_data)
+def fp8_kv_cache(spec: FP8KVCache, rng: np.random.Generator, data_rng: np.random.Generator | None = None) -> GeneratedInputs:
+    rng = rng if data_rng is None else data_rng  # no structure: all of it is data
     if spec.packed:
         return {"kv_cache_fp8": mla_fp8_cache(spec.values, spec.num_blocks, spec.block_size, rng)}, {"num_blocks": spec.num_blocks}
     tokens, slots = mla_cache_tokens(spec.values, spec.num_blocks * spec.block_size, rng)

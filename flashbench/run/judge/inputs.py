@@ -1,11 +1,12 @@
 """A job's inputs, made by the judge from seeds only it knows.
 
-Each input set starts from a run seed; every later call first redraws part of its set's random
-inputs (run/recipe.py InputSets) from seeds drawn for its batch and for the call, revealed to the
-worker only in the batch that makes it. So no output can be computed ahead of its batch, and
-no cache of earlier calls can answer one. The judge replays the same redraws on copies of its own,
-so it knows the inputs of every call (for the reference) and what the worker's sets must hold
-after each batch.
+Each input set starts from a run seed (its random inputs and the data generators make, such as
+FP8 KV caches; index structure is the workload's own); every later call first redraws part of its
+set's data inputs, random and generated (run/recipe.py InputSets), from seeds drawn for its batch
+and for the call, revealed to the worker only in the batch that makes it. So no output can be
+computed ahead of its batch, and no cache of earlier calls can answer one. The judge replays the
+same redraws on copies of its own, so it knows the inputs of every call (for the reference) and
+what the worker's sets must hold after each batch.
 """
 
 import secrets
@@ -39,3 +40,4 @@ class JobInputs:
         self.current = [{name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in s.items()}
                         for s in self.sets]
         self.replay = InputSets(definition, workload, self.current, self.random_names)
+        self.redrawn_names = self.replay.redrawn_names  # random inputs, then generated data

@@ -21,7 +21,9 @@ from .inputs import JobInputs
 # only: on a CPU both clocks are the host's, and other load on it alone can split them.
 AGREEMENT_SHARE = 0.5
 SLACK_MS = 0.005
-BASELINE_REPEATS = 2  # the least of these: other load on the host only ever adds time
+# The least of these: other load on the host only ever adds time. A CPU's steps cost little and a busy
+# host delays many readings, so it takes more; a GPU's are device-bound (the flush) and cost more.
+BASELINE_REPEATS = {"cpu": 6, "cuda": 2}
 
 
 class Baseline:
@@ -40,7 +42,7 @@ class Baseline:
 
     def time_ms(self, batch: Batch) -> float:
         mapped = batch.model_copy(update={"calls": [Call(set=0, slot=0, seed=call.seed) for call in batch.calls]})
-        return min(self._once(mapped) for _ in range(BASELINE_REPEATS))
+        return min(self._once(mapped) for _ in range(BASELINE_REPEATS[torch.device(self.device).type]))
 
     def _once(self, batch: Batch) -> float:
         clock = CallClock(self.device, len(batch.calls))

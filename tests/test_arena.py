@@ -1,13 +1,20 @@
-"""The arena: what the judge writes there, a worker's mapping sees, and what the worker writes the judge reads."""
+"""The arena: what the judge writes there, a worker's mapping sees, and what the worker writes the
+judge reads. On a CPU it is a memfd the judge seals before the worker gets it: no process can
+shrink or grow it (a shrunk arena made the judge's next read of its mapping raise SIGBUS, ending
+the runner), and a worker maps only a descriptor that is such a memfd, of the layout's size."""
 
+import fcntl
+import gc
+import json
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from flashbench.run.arena import Arena, open_file_arena, plan_layout, views
-from flashbench.run.protocol import ArenaHandle
+from flashbench.run.arena import ALIGNMENT, Arena, open_memfd_arena, plan_layout, views
+from flashbench.run.protocol import ArenaHandle, fd_socket_pair, receive_fd, send_fd
 
 
 def test_layout_places_sets_and_slots_apart_and_aligned():
@@ -22,20 +29,142 @@ def test_layout_places_sets_and_slots_apart_and_aligned():
     assert layout.nbytes >= spans[-1][1]
 
 
-def test_a_worker_mapping_shares_the_judges_bytes(tmp_path):
+def arena_descriptors() -> list[str]:
+    """This process's open descriptors of arenas."""
+    found = []
+    for entry in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{entry}").startswith("/memfd:flashbench-arena"):
+                found.append(entry)
+        except OSError:
+            pass
+    return found
+
+
+def test_a_worker_mapping_shares_the_judges_bytes():
     inputs = {"x": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
     layout = plan_layout(inputs, {}, {"y": ("int64", [4])}, sets=1, slots=2)
-    arena = Arena.create_file(layout.nbytes, tmp_path)
+    before = arena_descriptors()
+    arena = Arena.create_memfd(layout.nbytes)
+    judge_end, worker_end = fd_socket_pair()
     try:
+        assert arena.handle == ArenaHandle(kind="memfd") and "path" not in arena.handle.model_dump()
         views(arena.memory, layout.sets[0])["x"].copy_(inputs["x"])
-        worker_memory = open_file_arena(arena.handle, layout.nbytes)
+        send_fd(judge_end, arena.fd)  # as the supervisor does, just before the Open frame
+        received = receive_fd(worker_end)
+        worker_memory = open_memfd_arena(received, layout.nbytes)
+        with pytest.raises(OSError):  # the descriptor received is closed once mapped
+            os.fstat(received)
         assert torch.equal(views(worker_memory, layout.sets[0])["x"], inputs["x"])
         views(worker_memory, layout.slots[1])["y"].copy_(torch.tensor([1, 2, 3, 4]))
         assert views(arena.memory, layout.slots[1])["y"].tolist() == [1, 2, 3, 4]
         assert views(arena.memory, layout.slots[0])["y"].tolist() == [0, 0, 0, 0]
     finally:
         arena.close()
-    assert not any(tmp_path.iterdir())  # the arena's file is gone with the job
+        arena.close()  # twice is safe: the descriptor is closed once
+        judge_end.close()
+        worker_end.close()
+    del worker_memory  # a mapping holds a descriptor of its own (Python's mmap) until it goes
+    gc.collect()
+    assert arena_descriptors() == before  # none outlives the job's tensors, and no file ever existed
+
+
+# An attacker holding a descriptor of the arena (its own, or one opened anew through /proc, which is a
+# file description of its own), in a process of its own. Prints what each attempt gave.
+ATTACKER = """
+import ctypes, fcntl, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+inherited = int(sys.argv[1])
+reopened = os.open(f"/proc/self/fd/{inherited}", os.O_RDWR)
+size = os.fstat(inherited).st_size
+found = {}
+
+def attempt(name, action):
+    try:
+        result = action()
+        found[name] = "refused" if result == -1 and ctypes.get_errno() else "done"
+    except OSError as exc:
+        found[name] = "refused"
+
+for label, fd in (("inherited", inherited), ("reopened", reopened)):
+    attempt(f"{label} shrink", lambda: os.ftruncate(fd, 0))
+    attempt(f"{label} shrink by one page", lambda: os.ftruncate(fd, size - 4096))
+    attempt(f"{label} grow", lambda: os.ftruncate(fd, 2 * size))
+    attempt(f"{label} grow by fallocate", lambda: libc.fallocate(fd, 0, 0, 2 * size))
+    attempt(f"{label} seal writes", lambda: fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE))
+found["size"] = os.fstat(reopened).st_size
+found["punch a hole"] = "refused" if libc.fallocate(reopened, 0x2 | 0x1, 0, size) else "done"  # PUNCH_HOLE|KEEP_SIZE
+print(json.dumps(found))
+"""
+
+
+def test_a_sealed_arena_cannot_be_shrunk_or_grown_from_another_process():
+    """Only holes can be punched, which the judge reads as zeros: harmless, and no fault."""
+    arena = Arena.create_memfd(3 * 4096)
+    try:
+        nbytes = arena.memory.numel()
+        assert fcntl.fcntl(arena.fd, fcntl.F_GET_SEALS) == fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+        arena.memory.fill_(7)
+        given = os.dup(arena.fd)  # not close-on-exec, unlike the arena's own
+        try:
+            attacker = subprocess.run([sys.executable, "-c", ATTACKER, str(given)], pass_fds=(given,),
+                                      capture_output=True, text=True, timeout=60)
+        finally:
+            os.close(given)
+        assert attacker.returncode == 0, attacker.stderr
+        found = json.loads(attacker.stdout)
+        assert found.pop("size") == nbytes
+        assert found.pop("punch a hole") == "done"
+        assert found and set(found.values()) == {"refused"}, found
+        assert os.fstat(arena.fd).st_size == nbytes  # checked before the judge touches its mapping
+        assert int(arena.memory.sum()) == 0  # the hole reads as zeros...
+        arena.memory.fill_(1)  # ...and is filled again by the next write
+        assert int(arena.memory.sum()) == nbytes
+    finally:
+        arena.close()
+
+
+def sealed_memfd(size: int, seals: int) -> int:
+    fd = os.memfd_create("test", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def unsealable_memfd(size: int) -> int:
+    fd = os.memfd_create("test", 0)  # no MFD_ALLOW_SEALING: F_SEAL_SEAL from the start
+    os.ftruncate(fd, size)
+    return fd
+
+
+def regular_file(tmp_path) -> int:
+    fd = os.open(tmp_path / "arena", os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, 1 << 16)
+    return fd
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda tmp_path: sealed_memfd(1 << 16, 0), "not sealed"),  # a memfd anyone may truncate
+    (lambda tmp_path: unsealable_memfd(1 << 16), "not sealed"),  # one that cannot even be sealed
+    (lambda tmp_path: sealed_memfd(1 << 16, fcntl.F_SEAL_SHRINK), "not sealed"),  # it may still grow: not asked for
+    (lambda tmp_path: sealed_memfd(4096, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW), "holds 4096 bytes"),
+    (regular_file, "not a memfd"),  # a file in a folder, as the arena once was
+    (lambda tmp_path: os.pipe()[0], "not a memfd"),
+])
+def test_a_worker_refuses_a_descriptor_that_is_not_a_sealed_memfd_of_the_layouts_size(tmp_path, make, words):
+    fd = make(tmp_path)
+    with pytest.raises(ValueError, match=words):
+        open_memfd_arena(fd, 1 << 15)
+    with pytest.raises(OSError):  # closed all the same
+        os.fstat(fd)
+
+
+def test_a_worker_maps_at_least_one_alignment_unit():
+    fd = sealed_memfd(ALIGNMENT - 1, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    with pytest.raises(ValueError, match="needs 256"):  # an empty layout still maps ALIGNMENT bytes
+        open_memfd_arena(fd, 0)
 
 
 EXPORTER = """
@@ -61,11 +190,11 @@ def test_a_cuda_arena_exported_by_a_worker_is_mapped_by_the_judge():
         worker.communicate("\n", timeout=60)
 
 
-def test_each_arena_tensor_has_a_version_counter_of_its_own(tmp_path):
+def test_each_arena_tensor_has_a_version_counter_of_its_own():
     """A redraw of one input in place must not look, to a solution caching on `_version`, like a
     change of another (as it would for views of one buffer)."""
     layout = plan_layout({"q": torch.zeros(4), "index": torch.zeros(4, dtype=torch.int32)}, {}, {}, sets=1, slots=0)
-    arena = Arena.create_file(layout.nbytes, tmp_path)
+    arena = Arena.create_memfd(layout.nbytes)
     try:
         tensors = views(arena.memory, layout.sets[0])
         before = tensors["index"]._version

@@ -345,6 +345,52 @@ def test_a_definition_we_have_in_another_shape_is_not_imported(tmp_path):
     assert {k: v for k, v in files_of(repo).items() if ADD not in k} == before
 
 
+def test_a_definition_we_have_with_its_axes_in_another_order_is_kept(tmp_path):
+    """FIB's mla_paged_prefill_causal_h16_ckv512_kpe64_ps1 lists the axes of ours in another order;
+    axes are looked up by name, so that is the same interface (inputs and outputs, passed by
+    position, must keep their order)."""
+    dataset = make_dataset(tmp_path / "fib")
+    reordered = definition()
+    axes = reordered["axes"]
+    reordered["axes"] = {k: axes[k] for k in ("num_qo_heads", "head_dim_ckv", "head_dim_kpe", "page_size",
+                                               "batch_size", "num_pages", "len_indptr", "num_kv_indices")}
+    write(dataset / "definitions/mla_paged" / f"{DEF}.json", reordered)
+    repo = copy_repo(tmp_path / "repo")
+    summary = import_fib(dataset, repo, "fib")
+    assert not summary.failed, summary.failed
+    [kept] = rows(summary, DEF, "definition", "unchanged")
+    assert "has the same interface; kept it" in kept
+    assert not (repo / "definitions/mla_paged" / f"{DEF}.json").exists()
+
+    swapped = definition()
+    inputs = swapped["inputs"]
+    swapped["inputs"] = {k: inputs[k] for k in ("q_pe", "q_nope", *list(inputs)[2:])}
+    swapped["reference"] = REFERENCE.replace("def run(q_nope, q_pe,", "def run(q_pe, q_nope,")
+    write(dataset / "definitions/mla_paged" / f"{DEF}.json", swapped)
+    [failed] = import_fib(dataset, copy_repo(tmp_path / "repo2"), "fib").failed
+    assert "inputs: q_nope, q_pe, ckv_cache" in failed.why and "q_pe, q_nope, ckv_cache" in failed.why
+
+
+def test_a_workload_whose_blob_is_absent_is_skipped_and_says_missing(tmp_path):
+    """FIB's git copy of its dataset has workloads/ but no blob/ (the blobs are published apart):
+    such a workload is skipped as missing its blob, which is not the same as a path that leaves
+    the dataset."""
+    dataset = make_dataset(tmp_path / "fib")
+    (dataset / BLOB).unlink()
+    escaping = captured() | {"uuid": "7d1e2f30-0000-4000-8000-000000000001"}
+    escaping["inputs"] = escaping["inputs"] | {"kv_indptr": {"type": "safetensors", "path": "../outside.safetensors",
+                                                             "tensor_key": "kv_indptr"}}
+    write(dataset / "workloads/mla_paged" / f"{DEF}.jsonl",
+          [{"definition": DEF, "workload": w, "solution": None, "evaluation": None} for w in (captured(), escaping)])
+    (dataset / "traces/mla_paged" / f"{DEF}.jsonl").unlink()
+    summary = import_fib(dataset, empty_repo(tmp_path / "repo"), "fib")
+    assert not summary.failed, summary.failed
+    missing, outside = rows(summary, DEF, "workload", "skipped")
+    assert f"workload {CAPTURED} not imported: inputs.kv_indptr: safetensors file {BLOB} is missing from the dataset" \
+        in missing
+    assert "inputs.kv_indptr: safetensors file ../outside.safetensors is not inside the dataset" in outside
+
+
 def test_a_failed_move_puts_the_repository_back_as_it_was(tmp_path, monkeypatch):
     dataset = make_dataset(tmp_path / "fib")
     repo = empty_repo(tmp_path / "repo")

@@ -1,14 +1,20 @@
 """The judge-worker protocol: frames parse into typed messages or fail with a ProtocolError,
-never into arbitrary objects."""
+never into arbitrary objects; a CPU arena's descriptor crosses a socket of its own, one per job,
+from the judge to the worker only."""
 
+import array
+import fcntl
 import os
 import pickle
+import socket
 import struct
 
 import pytest
+from pydantic import ValidationError
 
-from flashbench.run.protocol import (MAX_FRAME_BYTES, BatchDone, Channel, ChannelClosed, ChannelTimeout, Failed,
-                                     ProtocolError, Ready, parse_reply)
+from flashbench.run.protocol import (ARENA_TAG, MAX_FRAME_BYTES, ArenaHandle, BatchDone, Channel, ChannelClosed,
+                                     ChannelTimeout, Failed, Open, Opened, ProtocolError, Ready, fd_socket_pair,
+                                     parse_reply, receive_fd, send_fd)
 
 
 @pytest.fixture
@@ -81,6 +87,99 @@ def test_failure_statuses_are_what_a_worker_may_claim():
     assert parse_reply(b'{"kind": "failed", "status": "RUNTIME_ERROR", "message": "x"}') == Failed(
         status="RUNTIME_ERROR", message="x")
     assert parse_reply(b'{"kind": "ready"}') == Ready()
+
+
+# Arenas.
+
+def test_an_arena_handle_names_no_path():
+    assert ArenaHandle(kind="memfd").model_dump() == {"kind": "memfd", "ipc_handle": "", "offset": 0,
+                                                      "device_index": 0}
+    with pytest.raises(ValidationError):
+        ArenaHandle(kind="file")
+    with pytest.raises(ValidationError):
+        ArenaHandle(kind="memfd", path="/tmp/arena")
+
+
+def test_a_worker_exports_only_a_cuda_arena():
+    exported = parse_reply(b'{"kind": "opened", "arena": {"kind": "cuda_ipc", "ipc_handle": "00"}}')
+    assert exported.arena.kind == "cuda_ipc"
+    with pytest.raises(ProtocolError, match="arena"):
+        parse_reply(b'{"kind": "opened", "arena": {"kind": "memfd"}}')
+    with pytest.raises(ValidationError):
+        Opened(arena=ArenaHandle(kind="memfd"))
+
+
+@pytest.mark.parametrize("arena, refused", [(None, False), ({"kind": "memfd"}, False), ({"kind": "cuda_ipc"}, True)])
+def test_the_judge_hands_over_a_memfd_arena_or_none(arena, refused):
+    with pytest.raises(ValidationError) as invalid:  # the workload is not one either: only `arena` is looked at
+        Open.model_validate({"workload": {}, "arena": arena, "layout": {"nbytes": 0, "sets": [], "slots": []},
+                             "flush": "none"})
+    assert any(error["loc"][0] == "arena" for error in invalid.value.errors()) == refused
+
+
+@pytest.fixture
+def fd_sockets():
+    judge, worker = fd_socket_pair()
+    yield judge, worker
+    judge.close()
+    worker.close()
+
+
+def test_an_arena_descriptor_crosses_the_socket_close_on_exec(fd_sockets):
+    judge, worker = fd_sockets
+    memfd = os.memfd_create("test", os.MFD_CLOEXEC)
+    try:
+        send_fd(judge, memfd)
+        received = receive_fd(worker)
+        assert os.path.samestat(os.fstat(received), os.fstat(memfd)) and received != memfd
+        assert fcntl.fcntl(received, fcntl.F_GETFD) & fcntl.FD_CLOEXEC  # no process the solution starts inherits it
+        os.close(received)
+    finally:
+        os.close(memfd)
+
+
+def open_descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("payload, count", [
+    (None, 0),  # nothing was sent
+    (ARENA_TAG, 0),
+    (ARENA_TAG, 2),  # the worker would take one and leave the other
+    (b"something else", 1),
+    (ARENA_TAG + b"x", 1),
+])
+def test_a_message_that_is_not_one_arena_descriptor_is_refused_and_its_descriptors_closed(fd_sockets, payload, count):
+    judge, worker = fd_sockets
+    before = open_descriptors()
+    if payload is not None:
+        read_end, write_end = os.pipe()
+        judge.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [read_end] * count))]
+                      if count else [])
+        os.close(read_end)
+        os.close(write_end)
+    with pytest.raises(ProtocolError):
+        receive_fd(worker)
+    assert open_descriptors() == before
+
+
+def test_the_worker_cannot_send_on_the_descriptor_socket(fd_sockets):
+    """Nothing a worker sends can queue up in the judge, which never reads that socket."""
+    _, worker = fd_sockets
+    with pytest.raises(BrokenPipeError):
+        worker.send(b"x")
+    with pytest.raises(BrokenPipeError):
+        worker.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0]))])
+
+
+def test_sending_never_blocks_the_judge(fd_sockets):
+    judge, worker = fd_sockets
+    with pytest.raises(ProtocolError, match="does not take the descriptors"):
+        for _ in range(100_000):  # a worker that never takes its arenas
+            send_fd(judge, 0)
+    worker.close()
+    with pytest.raises(ChannelClosed):  # a worker that is gone
+        send_fd(judge, 0)
 
 
 def _worker_write_fd(pipe_pair) -> int:

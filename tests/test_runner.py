@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from conftest import copy_repo
+
 from flashbench import FlashbenchError, Repo
 from flashbench.build import CACHE_DIR_NAME
 from flashbench.cli import main
@@ -239,6 +241,16 @@ def repo(repo_copy):
 
 def names(workloads):
     return [w.name for w in workloads]
+
+
+def test_a_cpu_run_with_no_smoke_workload_is_refused_with_one_line(tmp_path):
+    root = copy_repo(tmp_path / "repo")
+    workloads = root / "definitions" / "mla_paged" / f"{DEFINITION}.workloads.yaml"
+    workloads.write_text(workloads.read_text().replace("smoke", "tiny"))
+    with pytest.raises(FlashbenchError) as refused:
+        select_workloads(Repo(root), DEFINITION, [], "cpu")
+    assert "no workload of" in str(refused.value) and "--workload" in str(refused.value)
+    assert select_workloads(Repo(root), DEFINITION, ["tiny"], "cpu")  # named, they run
 
 
 def test_cpu_default_is_smoke_only(repo):

@@ -5,6 +5,7 @@ nothing behind: no process, no exchange directory, no log. The workers are real 
 (flashbench.run.worker in its sandbox); small solutions written by each test misbehave while
 they are imported, which the worker does when asked to build."""
 
+import fcntl
 import os
 import signal
 import sys
@@ -17,8 +18,10 @@ import pytest
 
 from flashbench import Repo
 from flashbench.model import Solution
-from flashbench.run import sandbox
-from flashbench.run.protocol import MAX_FRAME_BYTES, Build, Probe, Ready, Setup
+from flashbench.run import sandbox, select_workloads
+from flashbench.run.arena import Arena, plan_layout, views
+from flashbench.run.judge.inputs import JobInputs
+from flashbench.run.protocol import MAX_FRAME_BYTES, Build, Close, Failed, Open, Probe, Ready, Setup
 from flashbench.run.supervisor import LOG_TAIL_BYTES, WorkerGone, WorkerProcess, describe_exit
 
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -104,6 +107,47 @@ def test_a_worker_answers_and_close_leaves_nothing(start, tmp_path, isolation):
     assert left_in(tmp_path / "workers") == []  # no exchange directory, no log
     worker.close()  # twice is safe
     assert worker.leftovers() == []
+
+
+# The arena's descriptor.
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_a_worker_maps_only_a_sealed_arena_sent_with_its_job(start, repo_copy, definition, isolation):
+    """A CPU job's arena is a sealed memfd that crosses the descriptor socket with its Open; one
+    anyone may resize is refused, and the worker goes on to the next job, which gets its own."""
+    worker = start("""
+        import os
+        links = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                 if os.path.exists(f"/proc/self/fd/{fd}")]
+        print("memfds at import:", sum("memfd:" in link for link in links), flush=True)
+        print("sockets at import:", sum(link.startswith("socket:") for link in links), flush=True)
+    """, isolation)
+    assert isinstance(worker.ask(Build(), 120), Ready)
+    [workload] = select_workloads(Repo(repo_copy), DEFINITION, ["smoke_mixed"], "cpu")
+    inputs = JobInputs(definition, workload, [1], "cpu", repo_copy)
+    layout = plan_layout(inputs.tensors, inputs.scalars, inputs.outputs, sets=1, slots=2)
+    job = Open(workload=workload, arena={"kind": "memfd"}, layout=layout, flush="none")
+
+    unsealed = os.memfd_create("flashbench-arena", os.MFD_CLOEXEC)
+    os.ftruncate(unsealed, layout.nbytes)
+    try:
+        reply = worker.ask(job, 60, fd=unsealed)
+    finally:
+        os.close(unsealed)
+    assert isinstance(reply, Failed) and "not sealed" in reply.message
+
+    arena = Arena.create_memfd(layout.nbytes)
+    try:
+        for name, tensor in views(arena.memory, layout.sets[0]).items():
+            tensor.copy_(inputs.sets[0][name])
+        assert isinstance(worker.ask(job, 60, fd=arena.fd), Ready)
+        assert isinstance(worker.ask(Close(), 60), Ready)
+        assert os.fstat(arena.fd).st_size == arena.memory.numel()
+        assert fcntl.fcntl(arena.fd, fcntl.F_GET_SEALS) & (fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    finally:
+        arena.close()
+    log = worker.log_tail()  # before any job: its end of the descriptor socket, and no arena
+    assert worker.alive() and "memfds at import: 0" in log and "sockets at import: 1" in log
 
 
 # Garbage on the reply pipe.

@@ -1,15 +1,31 @@
 """A job's shared memory, which both the judge and the worker map.
 
-On a CPU the arena is a file in the job's exchange directory that the judge makes; on a GPU it is
-device memory the worker allocates and exports by CUDA IPC, so the kernels being timed run on
-memory of their own process. Either way the judge writes the inputs and poisons the output slots
-there, and reads the outputs back itself: nothing the worker says about its outputs is believed.
+On a CPU the arena is a memfd the judge makes, sizes and seals before the worker can reach it,
+and hands over as a descriptor (protocol.send_fd); on a GPU it is device memory the worker
+allocates and exports by CUDA IPC, so the kernels being timed run on memory of their own process.
+Either way the judge writes the inputs and poisons the output slots there, and reads the outputs
+back itself: nothing the worker says about its outputs is believed.
+
+The judge never maps memory whose size the worker can change. (The arena was once a file in the
+worker's writable exchange directory: a solution that truncated it made the judge's next read of
+its own mapping raise SIGBUS, which ended the whole runner.) The seals, F_SEAL_SHRINK | F_SEAL_GROW
+| F_SEAL_SEAL, hold for every descriptor and process: ftruncate and fallocate past the end fail
+with EPERM, and no seal can be added or removed. What the worker can still do to the memory:
+- write it (it must: the outputs), so F_SEAL_WRITE is out: the judge checks what it reads anyway;
+- punch holes (fallocate PUNCH_HOLE, madvise MADV_REMOVE: the seals allow them, only F_SEAL_WRITE
+  refuses them). A hole reads as zeros in every mapping, the judge's included, and is filled
+  again by the next write: zeros in the inputs are a change the judge rejects, zeros in an output
+  are wrong; never a fault in the judge;
+- mremap, munmap, mprotect or madvise its own mapping: those change its mapping only;
+- at isolation level process, as a root that can, poison a page (MADV_HWPOISON) or write the
+  judge's memory through /proc: that level is no security boundary (docs/threat_model.md).
 """
 
 import ctypes
+import fcntl
 import mmap
 import os
-from pathlib import Path
+import stat
 
 import torch
 
@@ -17,6 +33,8 @@ from ..dtypes import dtype_name, torch_dtype
 from .protocol import ArenaHandle, ArenaLayout, TensorSlot
 
 ALIGNMENT = 256
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # what the judge seals an arena with
+RESIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW  # what a worker requires of one
 
 
 def plan_layout(inputs: dict[str, torch.Tensor], scalars: dict, outputs: dict[str, tuple[str, list[int]]],
@@ -55,24 +73,30 @@ def views(memory: torch.Tensor, slots: dict[str, TensorSlot]) -> dict[str, torch
 class Arena:
     """The judge's side: the arena's bytes for as long as the job runs."""
 
-    def __init__(self, memory: torch.Tensor, handle: ArenaHandle, release):
+    def __init__(self, memory: torch.Tensor, handle: ArenaHandle, release, fd: int | None = None):
         self.memory = memory
         self.handle = handle
+        self.fd = fd  # what the worker is sent (a memfd arena), until close
         self._release = release
 
     @classmethod
-    def create_file(cls, nbytes: int, exchange_dir: Path) -> "Arena":
-        """A CPU job's arena: a file the judge makes and the worker maps."""
-        path = exchange_dir / "arena"
+    def create_memfd(cls, nbytes: int) -> "Arena":
+        """A CPU job's arena: a memfd the judge sizes and seals before anyone else can reach it (it
+        has no name in any folder; close-on-exec), then maps. Its descriptor goes to the worker."""
         nbytes = max(nbytes, ALIGNMENT)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.memfd_create("flashbench-arena", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, nbytes)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+            if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS != SEALS or os.fstat(fd).st_size != nbytes:
+                raise OSError("the arena's memfd did not take its seals")
             mapped = mmap.mmap(fd, nbytes)
-        finally:
+        except BaseException:
             os.close(fd)
-        return cls(torch.frombuffer(mapped, dtype=torch.uint8), ArenaHandle(kind="file", path=str(path)),
-                   lambda: path.unlink(missing_ok=True))  # the mapping goes with the last view of it
+            raise
+        # The mapping (and the descriptor Python's mmap keeps of it) goes with the last view of it;
+        # `fd` with close().
+        return cls(torch.frombuffer(mapped, dtype=torch.uint8), ArenaHandle(kind="memfd"), lambda: os.close(fd), fd)
 
     @classmethod
     def import_cuda(cls, handle: ArenaHandle, nbytes: int, device: str) -> "Arena":
@@ -80,6 +104,8 @@ class Arena:
         through CUDA IPC ran at about 70 GB/s on the H200, so the kernels being timed must run on
         memory of their own process; the judge's reads and writes of the arena are few.) The handle
         is untrusted: it must open, and the allocation must hold the whole layout."""
+        if handle.kind != "cuda_ipc":
+            raise ValueError(f"an arena of kind {handle.kind} cannot be exported by a worker")
         index = torch.device(device).index or 0
         _current_context(index)
         base = ctypes.c_uint64()
@@ -100,18 +126,40 @@ class Arena:
         return cls(_device_tensor(base.value + handle.offset, nbytes, index), handle, release)
 
     def close(self) -> None:
+        """Safe to call twice (the descriptor is closed once)."""
         self.memory = None
-        self._release()
+        self.fd = None
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
 
-def open_file_arena(handle: ArenaHandle, nbytes: int) -> torch.Tensor:
-    """The worker's mapping of a CPU job's arena."""
-    fd = os.open(handle.path, os.O_RDWR)
+def open_memfd_arena(fd: int, nbytes: int) -> torch.Tensor:
+    """The worker's mapping of a CPU job's arena, from the descriptor it was sent (and closes): a
+    memfd sealed against shrinking and growing that holds the whole layout, or a ValueError. (The
+    judge relies on its own seals, not on this: it is the worker's own check of what it maps.)"""
+    nbytes = max(nbytes, ALIGNMENT)
     try:
-        mapped = mmap.mmap(fd, max(nbytes, ALIGNMENT))
+        check_sealed_memfd(fd, nbytes)
+        mapped = mmap.mmap(fd, nbytes)
     finally:
         os.close(fd)
     return torch.frombuffer(mapped, dtype=torch.uint8)
+
+
+def check_sealed_memfd(fd: int, nbytes: int) -> None:
+    """A ValueError unless `fd` is a memory file sealed against resizing, of at least `nbytes`."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError("the arena's descriptor is not a memfd")
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:  # EINVAL: a file that cannot be sealed (not a memfd)
+        raise ValueError("the arena's descriptor is not a memfd") from None
+    if seals & RESIZE_SEALS != RESIZE_SEALS:
+        raise ValueError("the arena's memfd is not sealed against shrinking and growing")
+    if info.st_size < nbytes:
+        raise ValueError(f"the arena's memfd holds {info.st_size} bytes; the layout needs {nbytes}")
 
 
 def export_cuda(memory: torch.Tensor) -> ArenaHandle:

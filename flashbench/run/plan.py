@@ -37,7 +37,11 @@ def select_workloads(repo: Repo, definition: str, selectors: list[str], device: 
         raise FlashbenchError(f"no workloads; add {repo.workloads_path(definition).relative_to(repo.root)}")
     workloads = workload_set.workloads
     if not selectors:
-        return [w for w in workloads if "smoke" in w.tags] if device == "cpu" else workloads
+        chosen = [w for w in workloads if "smoke" in w.tags] if device == "cpu" else workloads
+        if not chosen:  # a run of nothing would look like a run that passed
+            raise FlashbenchError(f"no workload of {definition} is tagged smoke, the default on a CPU; name some "
+                                  "with --workload (names, uuids or tags)" if workloads else f"{definition} has no workloads")
+        return chosen
     chosen = []
     for selector in selectors:
         matched = [w for w in workloads if w.uuid.startswith(selector) or w.name == selector or selector in w.tags]

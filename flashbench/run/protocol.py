@@ -5,11 +5,18 @@ models below. No pickle, nothing that builds arbitrary objects: what a worker se
 untrusted data, and anything malformed, oversized or unexpected is a ProtocolError that gives
 that pair a verdict. Tensors never cross the pipe; they live in the job's arena (run/arena.py),
 which the judge owns.
+
+A CPU job's arena is a sealed memfd: its descriptor crosses a Unix socket of its own (SCM_RIGHTS),
+one judge-to-worker message of ARENA_TAG per Open, sent just before the Open frame. The judge
+never reads that socket (it shuts its receiving side at once, so the worker cannot send on it).
 """
 
+import array
+import errno
 import math
 import os
 import select
+import socket
 import struct
 import time
 from typing import Annotated, Literal, Union
@@ -72,10 +79,10 @@ class ArenaLayout(Message):
 
 
 class ArenaHandle(Message):
-    """How a worker maps the arena: a file both processes map (CPU), or a CUDA IPC handle."""
+    """How a worker maps the arena: a sealed memfd whose descriptor comes over the descriptor socket
+    right after the Open frame (CPU; no path anywhere), or a CUDA IPC handle the worker exports."""
 
-    kind: Literal["file", "cuda_ipc"]
-    path: str = ""
+    kind: Literal["memfd", "cuda_ipc"]
     ipc_handle: str = ""  # hex of the 64-byte cudaIpcMemHandle
     offset: int = 0  # of the arena within the exported allocation
     device_index: int = 0
@@ -90,6 +97,13 @@ class Open(Message):
     arena: ArenaHandle | None
     layout: ArenaLayout
     flush: str  # an L2 flush method (run/flush.py)
+
+    @field_validator("arena")
+    @classmethod
+    def _judges_arena(cls, arena: ArenaHandle | None) -> ArenaHandle | None:
+        if arena is not None and arena.kind != "memfd":
+            raise ValueError("the judge hands over a memfd arena, or none")
+        return arena
 
 
 class Call(Message):
@@ -128,6 +142,13 @@ class Ready(Message):
 class Opened(Message):
     kind: Literal["opened"] = "opened"
     arena: ArenaHandle
+
+    @field_validator("arena")
+    @classmethod
+    def _exported(cls, arena: ArenaHandle) -> ArenaHandle:
+        if arena.kind != "cuda_ipc":
+            raise ValueError("a worker exports a cuda_ipc arena only")
+        return arena
 
 
 class Failed(Message):
@@ -211,6 +232,51 @@ class Channel:
                 os.close(fd)
             except OSError:
                 pass
+
+
+ARENA_TAG = b"flashbench-arena"  # the payload of the one message that carries an arena's descriptor
+
+
+def fd_socket_pair() -> tuple[socket.socket, socket.socket]:
+    """(judge's end, worker's end) of the descriptor socket. The judge's end only sends, and never
+    blocks: its receiving side is shut, so nothing the worker sends can queue up in the judge (a
+    worker's send fails with EPIPE)."""
+    judge, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    judge.shutdown(socket.SHUT_RD)
+    judge.setblocking(False)
+    return judge, worker
+
+
+def send_fd(sock: socket.socket, fd: int) -> None:
+    """The judge's side: one descriptor to the worker. (socket.send_fds would do, but in Python 3.11
+    it drops its flags; the socket is non-blocking anyway.)"""
+    try:
+        sock.sendmsg([ARENA_TAG], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+    except (BrokenPipeError, ConnectionResetError) as exc:
+        raise ChannelClosed(str(exc)) from None
+    except OSError as exc:  # EAGAIN: descriptors sent before were never taken; ETOOMANYREFS
+        code = errno.errorcode.get(exc.errno, exc.errno)
+        raise ProtocolError(f"the worker does not take the descriptors it is sent ({code})") from None
+
+
+def receive_fd(sock: socket.socket) -> int:
+    """The worker's side: the one descriptor the judge sent just before the Open frame it has read,
+    so it is there already (a message that is not exactly ARENA_TAG and one descriptor is refused,
+    every descriptor it carried closed). Close-on-exec: no process the solution starts inherits it."""
+    fds = array.array("i")
+    try:
+        data, ancillary, flags, _ = sock.recvmsg(len(ARENA_TAG) + 1, socket.CMSG_SPACE(2 * fds.itemsize),
+                                                 socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+    except BlockingIOError:
+        raise ProtocolError("no arena descriptor came with the job") from None
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    if data == ARENA_TAG and len(fds) == 1 and not flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
+        return fds[0]
+    for fd in fds:
+        os.close(fd)
+    raise ProtocolError(f"the arena's message holds {len(fds)} descriptor(s) and {len(data)} byte(s)")
 
 
 def parse_reply(payload: bytes) -> Ready | Opened | Failed | BatchDone:

@@ -127,11 +127,16 @@ class Session:
             arena.close()
 
     def _open_arena(self, worker: WorkerProcess, workload, layout) -> Arena:
-        """A CPU job's arena is a file the judge makes; a GPU job's, memory the worker exports."""
+        """A CPU job's arena is a sealed memfd the judge makes and sends; a GPU job's, memory the worker exports."""
         on_gpu = torch.device(self.device).type == "cuda"
-        arena = None if on_gpu else Arena.create_file(layout.nbytes, worker.exchange_dir)
+        arena = None if on_gpu else Arena.create_memfd(layout.nbytes)
         open_job = Open(workload=workload, arena=arena and arena.handle, layout=layout, flush=self.flush.method)
-        reply = worker.ask(open_job, self.settings.timeout)
+        try:
+            reply = worker.ask(open_job, self.settings.timeout, fd=arena and arena.fd)
+        except WorkerGone:
+            if arena:
+                arena.close()
+            raise
         if isinstance(reply, Failed):
             if arena:
                 arena.close()

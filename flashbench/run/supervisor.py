@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import sandbox
 from .protocol import (BatchDone, Channel, ChannelClosed, ChannelTimeout, Failed, ProtocolError, Ready, Setup, Stop,
-                       parse_reply)
+                       fd_socket_pair, parse_reply, send_fd)
 
 LOG_TAIL_BYTES = 4000
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -31,17 +31,21 @@ class WorkerGone(Exception):
 class WorkerProcess:
     """One worker in its sandbox, for one solution on one device. A crash, hang or OOM ends only it."""
 
-    def __init__(self, process: subprocess.Popen, channel: Channel, exchange_dir: Path, log_path: Path, isolation: str):
+    def __init__(self, process: subprocess.Popen, channel: Channel, exchange_dir: Path, log_path: Path, isolation: str,
+                 fd_socket=None):
         self.process = process
         self.channel = channel
+        self.fd_socket = fd_socket  # the judge's sending end of the descriptor socket (a CPU arena's memfd)
         self.exchange_dir = exchange_dir
         self.log_path = log_path
         self.isolation = isolation
 
     @classmethod
     def start(cls, setup: Setup, isolation: str, work_root: Path, memory_limit_bytes: int | None) -> "WorkerProcess":
-        """The worker may write only its exchange directory (the job's arena lives there) and the
-        solution's own build directory; its log is a file it holds open but cannot reach by name."""
+        """The worker may write only its exchange directory (its TMPDIR at level process) and the
+        solution's own build directory; its log is a file it holds open but cannot reach by name.
+        It gets three descriptors: the request pipe, the reply pipe, and its end of the descriptor
+        socket, on which a CPU job's arena (a sealed memfd) comes."""
         work_root.mkdir(parents=True, exist_ok=True)
         exchange = Path(tempfile.mkdtemp(prefix="worker-", dir=work_root))
         log_path = exchange.with_suffix(".log")
@@ -51,24 +55,40 @@ class WorkerProcess:
                                    memory_limit_bytes=memory_limit_bytes)
         to_worker, from_judge = _pipe()
         to_judge, from_worker = _pipe()
-        command = sandbox.worker_command(isolation, spec, "flashbench.run.worker", [str(to_worker), str(from_worker)])
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                       pass_fds=(to_worker, from_worker), env=_environment(setup, build_dir),
-                                       start_new_session=True, preexec_fn=_dies_with_this_thread())
-        os.close(to_worker)
-        os.close(from_worker)
-        worker = cls(process, Channel(to_judge, from_judge), exchange, log_path, isolation)
+        fd_socket, worker_socket = fd_socket_pair()
+        passed = (to_worker, from_worker, worker_socket.fileno())
+        command = sandbox.worker_command(isolation, spec, "flashbench.run.worker", [str(fd) for fd in passed])
+        try:
+            with open(log_path, "ab") as log:
+                process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                           pass_fds=passed, env=_environment(setup, build_dir),
+                                           start_new_session=True, preexec_fn=_dies_with_this_thread())
+        except BaseException:
+            for fd in (to_judge, from_judge):
+                os.close(fd)
+            fd_socket.close()
+            raise
+        finally:
+            os.close(to_worker)
+            os.close(from_worker)
+            worker_socket.close()
+        worker = cls(process, Channel(to_judge, from_judge), exchange, log_path, isolation, fd_socket)
         worker.channel.send(setup)
         return worker
 
-    def ask(self, request, timeout: float) -> Ready | Failed | BatchDone:
-        return self.timed_ask(request, timeout)[0]
+    def ask(self, request, timeout: float, fd: int | None = None) -> Ready | Failed | BatchDone:
+        return self.timed_ask(request, timeout, fd)[0]
 
-    def timed_ask(self, request, timeout: float) -> tuple[Ready | Failed | BatchDone, float]:
-        """The reply, and the judge's own time from sending the request to reading the reply (ms)."""
+    def timed_ask(self, request, timeout: float, fd: int | None = None) -> tuple[Ready | Failed | BatchDone, float]:
+        """The reply, and the judge's own time from sending the request to reading the reply (ms).
+        `fd` (a CPU job's arena, with its Open) goes over the descriptor socket just before the request."""
         try:
             start = time.perf_counter()
+            if fd is not None:
+                try:
+                    send_fd(self.fd_socket, fd)
+                except ProtocolError as exc:
+                    raise self.end("REJECTED", str(exc)) from None
             self.channel.send(request)
             payload = self.channel.receive_json(timeout)
             elapsed_ms = (time.perf_counter() - start) * 1e3
@@ -117,6 +137,8 @@ class WorkerProcess:
                 pass
         sandbox.end_sandbox(self.process, self.isolation)
         self.channel.close()
+        if self.fd_socket is not None:
+            self.fd_socket.close()  # an arena sent and never taken goes with it
         shutil.rmtree(self.exchange_dir, ignore_errors=True)
         self.log_path.unlink(missing_ok=True)
 

@@ -1,17 +1,19 @@
-"""Entry point of a worker process: `<sandbox boot> flashbench.run.worker READ_FD WRITE_FD`."""
+"""Entry point of a worker process: `<sandbox boot> flashbench.run.worker READ_FD WRITE_FD FD_SOCKET`
+(FD_SOCKET: its end of the socket on which a CPU job's arena descriptor comes)."""
 
+import socket
 import sys
 
 from ..protocol import Channel, Setup, Stop, parse_request
 from .handler import Worker
 
 
-def main(read_fd: int, write_fd: int) -> None:
+def main(read_fd: int, write_fd: int, fd_socket: int) -> None:
     channel = Channel(read_fd, write_fd)
     setup = parse_request(channel.receive_json())
     if not isinstance(setup, Setup):
         sys.exit("the first message must be a setup")
-    worker = Worker(setup)
+    worker = Worker(setup, socket.socket(fileno=fd_socket))
     while True:
         request = parse_request(channel.receive_json())
         if isinstance(request, Stop):
@@ -20,4 +22,4 @@ def main(read_fd: int, write_fd: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))

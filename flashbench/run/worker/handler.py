@@ -1,6 +1,7 @@
 """What a worker does with each request: probe the device, build the solution, open a job's
 arena, run batches of calls."""
 
+import socket
 import traceback
 from pathlib import Path
 
@@ -9,8 +10,8 @@ import torch
 from ...build import BuildError, load_entry_point
 from ...dtypes import torch_dtype
 from ...workloads import random_inputs
-from ..arena import export_cuda, open_file_arena, views
-from ..protocol import Batch, BatchDone, Build, Close, Failed, Open, Opened, Probe, Ready, Setup
+from ..arena import export_cuda, open_memfd_arena, views
+from ..protocol import Batch, BatchDone, Build, Close, Failed, Open, Opened, Probe, Ready, Setup, receive_fd
 from ..recipe import CallClock, InputSets, L2Flush, run_batch
 
 
@@ -23,8 +24,9 @@ class OutputProblem(Exception):
 
 
 class Worker:
-    def __init__(self, setup: Setup):
+    def __init__(self, setup: Setup, fd_socket: socket.socket | None = None):
         self.setup = setup
+        self.fd_socket = fd_socket  # where a CPU job's arena descriptor comes, right after its Open
         self.definition = setup.definition
         self.device = setup.device
         self.entry = None
@@ -37,7 +39,10 @@ class Worker:
             if isinstance(request, Build):
                 return self.build()
             if isinstance(request, Open):
-                self.job = Job(self, request)
+                self.job = None
+                # Taken before anything can fail, so that no descriptor is left for the next job.
+                arena_fd = None if request.arena is None else receive_fd(self.fd_socket)
+                self.job = Job(self, request, arena_fd)
                 return self.job.opened
             if isinstance(request, Batch):
                 return self.job.batch(request)
@@ -76,15 +81,15 @@ class Worker:
 class Job:
     """One workload's arena: input sets and output slots, viewed as tensors."""
 
-    def __init__(self, worker: Worker, request: Open):
+    def __init__(self, worker: Worker, request: Open, arena_fd: int | None = None):
         self.worker = worker
         self.definition = worker.definition
         self.device = worker.device
-        if request.arena is None:  # a GPU: the arena is this process's memory, the judge maps it
+        if arena_fd is None:  # a GPU: the arena is this process's memory, the judge maps it
             memory = torch.empty(max(request.layout.nbytes, 1), dtype=torch.uint8, device=self.device)
             self.opened = Opened(arena=export_cuda(memory))
-        else:
-            memory = open_file_arena(request.arena, request.layout.nbytes)
+        else:  # a CPU: the judge's sealed memfd (closed once mapped)
+            memory = open_memfd_arena(arena_fd, request.layout.nbytes)
             self.opened = Ready()
         self.memory = memory
         self.scalars = request.layout.scalars

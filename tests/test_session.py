@@ -206,9 +206,13 @@ def test_calls_rotate_over_the_sets_and_slots_each_with_a_fresh_seed():
     assert len({c.seed for c in calls}) == 10 and all(c.seed is not None for c in calls)
 
 
-def test_under_graph_replay_a_call_writes_its_sets_slot():
-    """A captured graph writes the slot it was captured with."""
-    assert [job(graph=True).fresh_call(k).slot for k in range(5)] == [0, 1, 2, 0, 1]
+def test_under_graph_replay_every_call_has_a_slot_of_its_own_past_the_capture_slots():
+    """A graph writes the slot it was captured with (one per set: 0, 1, 2); the worker copies each
+    replay's outputs into the call's own slot, so calls share no slot within a batch."""
+    stand_in = job(graph=True)
+    assert [stand_in.fresh_call(k).slot for k in range(6)] == [3, 4, 5, 6, 7, 3]
+    assert [stand_in.fresh_call(k).set for k in range(6)] == [0, 1, 2, 0, 1, 2]
+    assert list(stand_in.call_slots()) == [3, 4, 5, 6, 7]
 
 
 def test_every_timed_call_can_be_picked():
@@ -226,9 +230,9 @@ def test_a_number_of_checked_calls_picks_that_many_distinct_calls_and_one_in_eve
     assert {b: len(ks) for b, ks in job(checked_calls=1).pick_checks(batches=6, size=50).items()} == {b: 1 for b in range(6)}
 
 
-def test_under_graph_replay_only_the_last_call_on_each_set_can_be_picked():
-    picked = job(graph=True).pick_checks(batches=2, size=7)
-    assert {b: sorted(ks) for b, ks in picked.items()} == {0: [4, 5, 6], 1: [4, 5, 6]}
+def test_under_graph_replay_every_call_can_be_picked_too():
+    picked = job(graph=True).pick_checks(batches=2, size=5)
+    assert {b: sorted(ks) for b, ks in picked.items()} == {0: [0, 1, 2, 3, 4], 1: [0, 1, 2, 3, 4]}
 
 
 def timed(judge_ms, worker_ms, device="cpu") -> _Job:

@@ -116,7 +116,10 @@ class Session:
                 for name, tensor in arena_set.items():
                     tensor.copy_(made[name])
             job = _Job(self, worker, inputs, arena_sets, arena_slots)
-            outcome = job.judge(Baseline(inputs, self.flush, copies_outputs=not destination_passing))
+            # The worker copies outputs into the call's slot after the call when the solution returns them,
+            # and after every graph replay (from the slot the graph was captured with): so does the baseline.
+            copies = not destination_passing or self.settings.graph
+            outcome = job.judge(Baseline(inputs, self.flush, copies_outputs=copies))
             if worker.alive():
                 try:
                     worker.ask(Close(), settings.timeout)
@@ -199,7 +202,7 @@ class _Job:
         """Batches long enough that the handshake around each is negligible, and at least `iters` calls."""
         settings = self.settings
         size = math.ceil(settings.target_batch_ms / max(step_ms, 1e-3))
-        size = max(1, min(size, len(self.arena_slots), settings.max_batch))
+        size = max(1, min(size, len(self.call_slots()), settings.max_batch))
         batches = max(settings.min_batches, math.ceil(settings.iters / size))
         picked = self.pick_checks(batches, size)
         for b in range(batches):
@@ -210,18 +213,21 @@ class _Job:
             self.times.baseline_ms.append(baseline.time_ms(batch))
             self.times.batch_sizes.append(size)
 
+    def call_slots(self) -> range:
+        """The output slots calls are given, one per call of a batch. Under graph replay the first
+        slots (one per input set) are where the graphs were captured and write: each replay's outputs
+        are then copied into its call's own slot, so every call can be checked, as with events."""
+        return range(len(self.arena_sets) if self.settings.graph else 0, len(self.arena_slots))
+
     def fresh_call(self, k: int) -> Call:
-        sets = len(self.arena_sets)
-        slot = k % sets if self.settings.graph else k % len(self.arena_slots)
-        return Call(set=k % sets, slot=slot, seed=fresh_seed())
+        slots = self.call_slots()
+        return Call(set=k % len(self.arena_sets), slot=slots[k % len(slots)], seed=fresh_seed())
 
     def pick_checks(self, batches: int, size: int) -> dict[int, list[int]]:
         """Which timed calls are checked, drawn in the judge where the worker cannot see: every call
         can be one, and every batch has one, so no batch can be known to go unchecked (a solution
-        wrong on a share of its calls fails each batch with that chance). Under graph replay a slot
-        holds the last call on its set, so only those can."""
-        sets = len(self.arena_sets)
-        per_batch = [k for k in range(size) if not self.settings.graph or k >= size - sets]
+        wrong on a share of its calls fails each batch with that chance)."""
+        per_batch = list(range(size))
         candidates = [(b, k) for b in range(batches) for k in per_batch]
         wanted = len(candidates) if self.settings.checked_calls is None else self.settings.checked_calls
         chosen = {(b, _secret.choice(per_batch)) for b in range(batches)}

@@ -1,0 +1,24 @@
+"""The worker's side of a job (run/worker/handler.py) without a process: what it does after a call.
+(tests/test_supervisor.py starts real workers; the CUDA-graph capture itself needs a GPU.)"""
+
+import torch
+
+from flashbench.run.protocol import Call
+from flashbench.run.worker.handler import Job
+
+
+def job_with_slots(slots: int) -> Job:
+    stand_in = object.__new__(Job)
+    stand_in.slots = [{"output": torch.full((4,), float("nan")), "lse": torch.full((2,), float("nan"))}
+                      for _ in range(slots)]
+    return stand_in
+
+
+def test_a_replays_outputs_are_copied_from_its_sets_capture_slot_into_its_own():
+    job = job_with_slots(6)
+    job.slots[1]["output"].fill_(7.0)  # where set 1's graph writes
+    job.slots[1]["lse"].fill_(-1.0)
+    job.copy_replayed(Call(set=1, slot=4, seed=5))
+    assert torch.equal(job.slots[4]["output"], torch.full((4,), 7.0))
+    assert torch.equal(job.slots[4]["lse"], torch.full((2,), -1.0))
+    assert all(torch.isnan(job.slots[k]["output"]).all() for k in (0, 2, 3, 5))  # no other slot touched

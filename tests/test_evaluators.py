@@ -387,3 +387,165 @@ def test_the_uniform_distance():
     assert evaluators.uniform_distance(torch.tensor([0.5])) == 0.5
     assert evaluators.uniform_distance((torch.arange(100, dtype=torch.float64) + 0.5) / 100) == pytest.approx(0.005)
     assert evaluators.uniform_distance(torch.full((100,), 0.1)) == pytest.approx(0.9)
+
+
+# sampling against a reference that samples (reference: samples, FlashInfer-Bench's sampling
+# references): the fixture's top-k definition with a reference that draws, and its draws.
+
+def test_the_reference_mode_of_the_sampling_evaluator():
+    int64 = {"y": {"shape": ["n"], "dtype": "int64"}}
+    assert (definition("sampling", int64).evaluator.reference, definition("sampling", int64).evaluator.reference_draws) \
+        == ("distribution", 8)
+    samples = definition({"kind": "sampling", "reference": "samples", "reference_draws": 16}, int64)
+    assert (samples.evaluator.reference, samples.evaluator.reference_draws) == ("samples", 16)
+    assert Definition.model_validate_json(samples.model_dump_json()).evaluator == samples.evaluator
+    with pytest.raises(FlashbenchError, match="evaluator.sampling.reference"):
+        definition({"kind": "sampling", "reference": "weights"}, int64)
+    with pytest.raises(FlashbenchError, match="evaluator.sampling.reference_draws"):
+        definition({"kind": "sampling", "reference": "samples", "reference_draws": 0}, int64)
+
+
+@pytest.fixture(scope="module")
+def drawn(top_k):
+    """The top-k definition judged with reference: samples, and its reference made one that draws."""
+    sampling, distribution = top_k
+    data = sampling.model_dump() | {"evaluator": {"kind": "sampling", "reference": "samples"}}
+    return Definition.model_validate(data), evaluators.reference_sampler(distribution, sampling)
+
+
+def drawn_calls(top_k, drawn, sampler, seed: int, calls: int = 16, rows: int = 32) -> list[CheckedCall]:
+    """Checked calls as the judge makes them: the solution's samples, and the reference's draws on the same inputs."""
+    samples_definition, reference = drawn
+    generator, found = torch.Generator().manual_seed(seed), []
+    for call in range(calls):
+        probs, k = top_k_inputs(generator, rows)
+        expected = evaluators.reference_samples(samples_definition, reference, {"probs": probs, "top_k": k},
+                                                seeds=[seed * 10_000 + call * 100 + d for d in range(8)])
+        found.append(CheckedCall(f"timed call {call + 1} of {calls}",
+                                 {"samples": sampler(top_k[1](probs, k), generator)}, expected))
+    return found
+
+
+def argmax(probabilities, generator):
+    return probabilities.argmax(1)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_an_honest_sampler_passes_against_the_references_draws(top_k, drawn, seed):
+    verdict = check_job(drawn[0], drawn_calls(top_k, drawn, honest, seed), seed=seed)
+    assert verdict.passed, verdict.message
+    assert verdict.errors["samples"].mismatch_fraction == 0.0 and verdict.errors["samples"].max_rel_error < 1
+
+
+@pytest.mark.parametrize("sampler", [sharpened, argmax, flattened])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_biased_sampler_fails_against_the_references_draws(top_k, drawn, sampler, seed):
+    verdict = check_job(drawn[0], drawn_calls(top_k, drawn, sampler, seed), seed=seed)
+    assert verdict.status == "INCORRECT_NUMERICAL"
+    assert verdict.message.startswith("output samples: the 512 samples of 16 checked calls do not follow the "
+                                      "reference's distribution: Kolmogorov-Smirnov distance")
+    assert "ranks among the reference's 8 draws per sample" in verdict.message
+    assert verdict.errors["samples"].max_rel_error > 1 and verdict.errors["samples"].mismatch_fraction == 0.0
+
+
+@pytest.mark.parametrize("value", [64, -1, torch.iinfo(torch.int64).min])
+def test_a_sample_that_is_no_category_fails_against_the_references_draws(top_k, drawn, value):
+    calls = drawn_calls(top_k, drawn, honest, 1, calls=2)
+    calls[1].outputs["samples"][31] = value
+    verdict = check_job(drawn[0], calls, seed=1)
+    assert verdict.status == "INCORRECT_NUMERICAL"
+    assert verdict.message == ("output samples: timed call 2 of 2: 1 of 32 samples lie outside the support (no such "
+                               "category, or one the inputs exclude: probability 0, past top_k or top_p): element 31 "
+                               f"is {value}")
+    assert verdict.errors["samples"].mismatch_fraction == pytest.approx(1 / 64)
+
+
+def test_a_sample_past_the_top_k_fails_against_the_references_draws(top_k, drawn):
+    calls = drawn_calls(top_k, drawn, honest, 0)
+    scores = calls[5].expected["samples" + evaluators.SCORES_KEY]
+    row = int((scores == -torch.inf).any(1).nonzero()[0])
+    calls[5].outputs["samples"][row] = int((scores[row] == -torch.inf).nonzero()[0])
+    verdict = check_job(drawn[0], calls, seed=0)
+    assert verdict.status == "INCORRECT_NUMERICAL" and verdict.message.startswith(
+        "output samples: timed call 6 of 16: 1 of 32 samples lie outside the support")
+
+
+def test_with_one_reference_draw_and_no_scores_only_the_range_is_known(top_k, drawn):
+    # What a reference store that runs the reference once gives: a sample per element, no scores.
+    calls = drawn_calls(top_k, drawn, honest, 2, calls=4)
+    for call in calls:
+        call.expected = {"samples": call.expected["samples"][0]}
+    assert check_job(drawn[0], calls, seed=2).passed
+    calls[0].outputs["samples"][0] = 64
+    verdict = check_job(drawn[0], calls, seed=2)
+    assert verdict.message.endswith("lie outside the support (no such category: ids are 0 to 63): element 0 is 64")
+
+
+def test_calls_that_share_the_references_draws_count_once(top_k, drawn):
+    calls = drawn_calls(top_k, drawn, honest, 3, calls=2)
+    repeated = CheckedCall("the repeated call", {"samples": calls[0].outputs["samples"].clone()}, calls[0].expected)
+    verdict = check_job(drawn[0], [*calls, repeated], repeat=(0, 2), seed=3)
+    assert verdict.passed and verdict.errors == check_job(drawn[0], calls, seed=3).errors
+
+
+def test_a_reference_that_returns_no_samples_is_the_definitions_error(top_k, drawn):
+    calls = drawn_calls(top_k, drawn, honest, 4, calls=1)
+    calls[0].expected["samples"] = top_k[1](*top_k_inputs(torch.Generator().manual_seed(0)))
+    with pytest.raises(FlashbenchError, match="reference: output samples: the reference returns float64; evaluator "
+                                              "'sampling' with reference: samples needs sample ids"):
+        check_job(drawn[0], calls)
+    calls[0].expected["samples"] = torch.zeros(3, 31, dtype=torch.int64)
+    with pytest.raises(FlashbenchError, match=r"the reference returns shape \[3, 31\]"):
+        check_job(drawn[0], calls)
+
+
+def test_reference_draws_outside_the_derived_support_are_the_definitions_error(top_k, drawn):
+    calls = drawn_calls(top_k, drawn, honest, 5, calls=1)
+    scores = calls[0].expected["samples" + evaluators.SCORES_KEY]
+    calls[0].expected["samples"][3, 0] = int((scores[0] == -torch.inf).nonzero()[0])
+    with pytest.raises(FlashbenchError, match="the reference's own samples lie outside the support its inputs give"):
+        check_job(drawn[0], calls)
+
+
+def test_the_draws_are_seeded_apart_and_leave_torchs_generator_alone(drawn):
+    samples_definition, reference = drawn
+    inputs = dict(zip(("probs", "top_k"), top_k_inputs(torch.Generator().manual_seed(0))))
+    state = torch.get_rng_state()
+    first = evaluators.reference_samples(samples_definition, reference, inputs, seeds=list(range(8)))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert first["samples"].shape == (8, 32) and first["samples" + evaluators.SCORES_KEY].shape == (32, 64)
+    assert torch.equal(first["samples"], evaluators.reference_samples(samples_definition, reference, inputs,
+                                                                      seeds=list(range(8)))["samples"])
+    assert not torch.equal(first["samples"][0], first["samples"][1])
+    fresh = evaluators.reference_samples(samples_definition, reference, inputs)["samples"]
+    assert not torch.equal(fresh, first["samples"])
+
+
+def support_of(inputs: dict) -> torch.Tensor:
+    specs = {name: {"shape": ["n", "v"][:t.dim()], "dtype": str(t.dtype).removeprefix("torch.")}
+             for name, t in inputs.items()}
+    sampling = parse_model(Definition, {
+        "name": "op", "op_type": "sampling", "axes": {"n": {"type": "var"}, "v": {"type": "const", "value": 4}},
+        "inputs": specs, "outputs": {"s": {"shape": ["n"], "dtype": "int64"}}, "reference": "def run(*a): pass",
+        "evaluator": {"kind": "sampling", "reference": "samples"}}, Path("op.yaml"))
+    return evaluators.sample_scores(sampling, inputs)["s"] > -torch.inf
+
+
+def test_the_support_the_inputs_give():
+    probs = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.1, 0.0, 0.3, 0.6], [0.25, 0.25, 0.25, 0.25]])
+    assert support_of({"probs": probs}).tolist() == [[True] * 4, [True, False, True, True], [True] * 4]
+    k = torch.tensor([2, 0, 3], dtype=torch.int32)  # 0: no restriction; ties with the k-th are kept
+    assert support_of({"probs": probs, "top_k": k}).tolist() == [
+        [True, True, False, False], [True, False, True, True], [True] * 4]
+    p = torch.tensor([0.5, 0.0, 0.6])  # the mass strictly more likely than a category is at most p
+    assert support_of({"probs": probs, "top_p": p}).tolist() == [
+        [True, True, False, False], [False, False, False, True], [True] * 4]
+    logits = torch.tensor([[0.0, -torch.inf, 1.0, 2.0]])
+    assert support_of({"logits": logits}).tolist() == [[True, False, True, True]]
+    assert support_of({"logits": logits, "top_k": torch.tensor([1], dtype=torch.int32)}).tolist() == [
+        [False, False, False, True]]
+
+
+def test_a_samples_reference_is_its_own_candidate(drawn):
+    assert evaluators.reference_sampler_source(drawn[0]) == ""
+    assert evaluators.reference_sampler(drawn[1], drawn[0]) is drawn[1]

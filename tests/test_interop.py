@@ -658,3 +658,71 @@ def test_older_fib_spellings_are_normalised():
 def test_not_a_dataset_is_bad_input(tmp_path):
     result = cli("import-fib", tmp_path, "--root", empty_repo(tmp_path / "repo"))
     assert result.exit_code == 2 and "not a FlashInfer-Bench dataset" in result.output
+
+
+# FIB's sampling definitions: their references draw samples (torch.multinomial), so they are judged
+# by evaluator sampling with reference: samples, not compared element by element.
+
+FIB_SAMPLING = Path(__file__).parent / "fixtures" / "fib_sampling"
+TOP_K_TOP_P = "top_k_top_p_sampling_from_probs_v64"
+SAMPLING_WORKLOADS = f"""definition: {TOP_K_TOP_P}
+version: 1
+workloads:
+- uuid: 8e2b6c1a-4d3f-4b5e-9a7c-1f0e2d3c4b5a
+  name: smoke_b64
+  tags: [smoke]
+  axes: {{batch_size: 64}}
+  inputs:
+    probs: {{type: random, distribution: uniform}}
+    top_k: {{type: random, distribution: uniform, low: 0, high: 40}}
+    top_p: {{type: random, distribution: uniform, low: 0.5, high: 1.0}}
+"""
+
+
+def test_a_fib_sampling_definition_is_judged_by_its_samples(tmp_path):
+    summary = import_fib(FIB_SAMPLING, empty_repo(tmp_path / "repo"), "fib")
+    assert not summary.failed, summary.failed
+    [imported] = rows(summary, TOP_K_TOP_P, "definition", "imported")
+    assert imported.startswith("op_type sampling: its reference draws samples, so the outputs are judged by "
+                               "evaluator sampling (reference: samples)")
+    evaluator = Repo(tmp_path / "repo").definition(TOP_K_TOP_P).evaluator
+    assert (evaluator.kind, evaluator.reference, evaluator.reference_draws) == ("sampling", "samples", 8)
+
+
+def test_only_fib_sampling_definitions_of_sample_ids_get_the_samples_evaluator():
+    record = FibDefinition.model_validate_json((FIB_SAMPLING / "definitions/sampling" / f"{TOP_K_TOP_P}.json").read_text())
+    assert definition_to_ours(record)["evaluator"] == {"kind": "sampling", "reference": "samples"}
+    other = record.model_copy(update={"op_type": "norm"})
+    assert "evaluator" not in definition_to_ours(other)
+    floats = record.model_copy(update={"outputs": {"samples": record.outputs["samples"].model_copy(
+        update={"dtype": "float32"})}})
+    assert "evaluator" not in definition_to_ours(floats)
+
+
+def sampling_solution(folder: Path, name: str, draw: str) -> None:
+    """A solution of the fixture's definition: its reference with the last line of the draw replaced."""
+    folder.mkdir(parents=True)
+    record = json.loads((FIB_SAMPLING / "definitions/sampling" / f"{TOP_K_TOP_P}.json").read_text())
+    source = record["reference"].replace("samples[r] = torch.multinomial(weights, 1).squeeze(0)", draw)
+    (folder / "kernel.py").write_text(source)
+    (folder / "solution.yaml").write_text(
+        f"name: {name}\ndefinition: {TOP_K_TOP_P}\nauthor: tests\nlanguage: python\nentry_point: kernel.py::run\n"
+        "destination_passing_style: false\ndependencies: [torch]\n")
+
+
+def test_an_imported_sampling_definition_runs_end_to_end_on_a_cpu(tmp_path):
+    from flashbench import api as fb
+
+    repo = empty_repo(tmp_path / "repo")
+    assert not import_fib(FIB_SAMPLING, repo, "fib").failed
+    (repo / "definitions/sampling" / f"{TOP_K_TOP_P}.workloads.yaml").write_text(SAMPLING_WORKLOADS)
+    solutions = repo / "solutions" / TOP_K_TOP_P
+    sampling_solution(solutions / "honest", "honest", "samples[r] = torch.multinomial(weights, 1).squeeze(0)")
+    sampling_solution(solutions / "greedy", "greedy", "samples[r] = weights.argmax()")
+    report = fb.run(TOP_K_TOP_P, device="cpu", root=repo, trace_dir=tmp_path / "traces", iters=8, warmup=0,
+                    timeout=120)
+    statuses = {r.solution: r.status for r in report.results}
+    assert statuses == {"reference": "PASSED", "honest": "PASSED", "greedy": "INCORRECT_NUMERICAL"}, \
+        [(r.solution, r.status, r.message) for r in report.results]
+    [greedy] = [r for r in report.results if r.solution == "greedy"]
+    assert "do not follow the reference's distribution" in greedy.message

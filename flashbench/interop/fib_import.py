@@ -29,6 +29,7 @@ from ..binding import BindingError
 from ..build import CACHE_DIR_NAME
 from ..errors import FlashbenchError
 from ..model import Definition, OutputError, Performance, Trace, Workload, WorkloadSet, load_model, parse_model
+from ..model.definition import INTEGER_DTYPES
 from ..model.solution import SHARED_FOLDER
 from ..reference import load_reference
 from ..registry import WORKLOADS_SUFFIX, Repo, load_solution_folder
@@ -45,6 +46,10 @@ IMPORTED_TIMING = "imported from FlashInfer-Bench"
 IMPORTED = "imported"  # traces/imported/<source>/: results from elsewhere, a board source of their own
 FIB_SOURCE = "FlashInfer-Bench"  # environment.source of a trace FIB measured
 _FOLDER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+# FIB's sampling references draw with torch.multinomial: their outputs are samples, judged as such.
+SAMPLES_EVALUATOR = {"kind": "sampling", "reference": "samples"}
+SAMPLING_NOTE = ("op_type sampling: its reference draws samples, so the outputs are judged by evaluator sampling "
+                 "(reference: samples): support and a two-sample test against the reference's draws")
 
 
 def import_fib(dataset: Path, root: Path, source: str | None = None) -> Summary:
@@ -246,11 +251,12 @@ class DefinitionImport:
             self.add("definition", "unchanged", f"the repository's {existing.path} has the same interface; kept it")
             return existing.definition, self.repo.workloads_path(self.name), record.flashbench
         text = json.dumps(data, indent=2) + "\n"
+        note = SAMPLING_NOTE if data.get("evaluator") == SAMPLES_EVALUATOR else ""
         if target.is_file() and target.read_text() == text:
-            self.add("definition", "unchanged")
+            self.add("definition", "unchanged", note)
         else:
             self.staging.write_text(target.relative_to(self.root), text)
-            self.add("definition", "imported")
+            self.add("definition", "imported", note)
         return definition, target.with_name(definition.name + WORKLOADS_SUFFIX), record.flashbench
 
     def note_extra(self, path: Path, record: fib.FibModel) -> None:
@@ -488,12 +494,23 @@ def definition_to_ours(record: fib.FibDefinition) -> dict:
     if record.constraints:
         data["constraints"] = record.constraints
     data["reference"] = record.reference
+    if samples_definition(record):
+        data["evaluator"] = dict(SAMPLES_EVALUATOR)
     ext = record.flashbench
     if ext and ext.tolerances:
         data["tolerances"] = {k: t.model_dump() for k, t in ext.tolerances.items()}
     if ext and ext.cost:
         data["cost"] = ext.cost.model_dump()
     return data
+
+
+def samples_definition(record: fib.FibDefinition) -> bool:
+    """Whether FIB's definition samples: op_type sampling (FIB's sampling references call
+    torch.multinomial) with integer tensor outputs (sample ids), and no flashbench extension (an
+    export of flashbench's, whose reference may return distributions: its evaluator is not known)."""
+    return (record.op_type == "sampling" and record.flashbench is None and bool(record.outputs)
+            and all(t.shape is not None and fib.DTYPE_ALIASES.get(t.dtype, t.dtype) in INTEGER_DTYPES
+                    for t in record.outputs.values()))
 
 
 def interface_difference(ours: Definition, theirs: Definition) -> str | None:

@@ -70,15 +70,28 @@ class Quantized(Strict):
 
 
 class Sampling(Strict):
-    """Every output holds samples: integer category ids drawn independently, one per element. The
-    reference returns, per output, the distribution they are drawn from: float, shape [*output shape,
-    categories], finite and non-negative, each row divided by its sum (zero outside the support, e.g.
-    past top-k / top-p). Over the checked calls of a job, every sample must lie in the support, and
-    all of them together must pass a goodness-of-fit test that fails an honest sampler with
-    probability at most `false_failure_probability` (run/judge/evaluators.py says how)."""
+    """Every output holds samples: integer category ids drawn independently, one per element.
+
+    reference: distribution (the default): the reference returns, per output, the distribution they
+    are drawn from: float, shape [*output shape, categories], finite and non-negative, each row
+    divided by its sum (zero outside the support, e.g. past top-k / top-p). Over the checked calls
+    of a job, every sample must lie in the support, and all of them together must pass a
+    goodness-of-fit test against those probabilities.
+
+    reference: samples: the reference samples too, as FlashInfer-Bench's sampling references do
+    (torch.multinomial), and the judge runs it `reference_draws` times per checked call, each draw
+    seeded afresh. Every sample must be a category the inputs allow (as far as they say: see
+    run/judge/evaluators.py), and all of them together must pass a two-sample test against the
+    reference's draws on the same inputs.
+
+    Either test fails an honest sampler with probability at most `false_failure_probability`."""
 
     kind: Literal["sampling"]
     false_failure_probability: float = Field(1e-6, gt=0, lt=1)
+    reference: Literal["distribution", "samples"] = Field(
+        "distribution", description="what the reference returns: the distribution of each sample, or samples")
+    reference_draws: int = Field(8, ge=1, le=64, description="reference: samples only: the reference's draws "
+                                                               "per checked call; more make the test stronger")
 
 
 Evaluator = Annotated[AllClose | Bitwise | Quantized | Sampling, Field(discriminator="kind")]

@@ -36,7 +36,8 @@ def check_job(definition: Definition, calls: list[CheckedCall], repeat: tuple[in
               compute_on="cpu", seed: int = 0) -> Verdict:
     """The verdict on a job's checked calls: the first failing call's, else a pass whose errors are the
     worst seen per output (a sampling evaluator: over all the calls' samples, `seed` drawing its
-    randomisation). `repeat` names two calls made on identical inputs: a deterministic evaluator also
+    randomisation; with reference: samples, `expected` holds what evaluators.reference_samples
+    returns, the reference's draws and scores, or just one draw per output). `repeat` names two calls made on identical inputs: a deterministic evaluator also
     requires them to agree (else a race), while two samplings may differ."""
     if definition.evaluator.kind == "sampling":
         return _sampling_verdict(definition, calls, compute_on, seed)
@@ -69,7 +70,7 @@ def compare_outputs(definition: Definition, got: dict[str, torch.Tensor], expect
     """One call's outputs against the reference's, element by element (any evaluator but sampling), the
     arithmetic on `compute_on`: an idle GPU compares gigabytes in milliseconds. `got` is what the judge
     read from the call's output slot, so its shape and dtype are the declared ones."""
-    if definition.evaluator.kind == "sampling":  # its reference returns probabilities, not outputs to compare
+    if definition.evaluator.kind == "sampling":  # its reference returns probabilities or other samples
         raise ValueError(f"{definition.name} samples its outputs: judge its calls together with check_job")
     verdict = Verdict()
     for name in definition.outputs:
@@ -111,8 +112,13 @@ def _sampling_verdict(definition: Definition, calls: list[CheckedCall], compute_
     generator = torch.Generator().manual_seed(seed)
     for name in definition.outputs:
         with _reference_errors(definition, name):
-            samples = [(call.label, call.outputs[name], call.expected[name]) for call in calls]
-            found = evaluators.check_samples(definition, samples, generator, compute_on)
+            if definition.evaluator.reference == "samples":  # the reference's draws (and the inputs' support)
+                drawn = [(call.label, call.outputs[name], call.expected[name],
+                          call.expected.get(name + evaluators.SCORES_KEY)) for call in calls]
+                found = evaluators.check_reference_samples(definition, name, drawn, generator, compute_on)
+            else:
+                samples = [(call.label, call.outputs[name], call.expected[name]) for call in calls]
+                found = evaluators.check_samples(definition, samples, generator, compute_on)
         verdict.errors[name] = found.error
         if found.problem and verdict.passed:
             verdict.status = "INCORRECT_NUMERICAL"

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from ...model import Definition
+from . import evaluators
 
 Outputs = dict[str, torch.Tensor]
 
@@ -47,6 +48,8 @@ class ReferenceStore:
             return self._compute({name: v.cpu() if isinstance(v, torch.Tensor) else v for name, v in inputs.items()})
 
     def _compute(self, inputs: dict) -> Outputs:
+        if evaluators.samples_reference(self.definition):  # a sampling reference: several draws, and scores
+            return evaluators.reference_samples(self.definition, self.reference, inputs)
         with torch.no_grad():
             returned = self.reference(*[inputs[name] for name in self.definition.inputs])
         if not isinstance(returned, (tuple, list)):

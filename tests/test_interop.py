@@ -18,7 +18,7 @@ from flashbench.cli import main
 from flashbench.errors import FlashbenchError
 from flashbench.interop import Summary, export_fib, import_fib, imported_trace_dir, solution_from_fib_json
 from flashbench.interop import staging
-from flashbench.interop.fib_export import evaluation_to_fib, fib_names
+from flashbench.interop.fib_export import definition_to_fib, evaluation_to_fib, fib_names
 from flashbench.interop.fib_import import definition_to_ours
 from flashbench.interop.fib_model import FibBuildSpec, FibDefinition
 from flashbench.leaderboard import read_results
@@ -726,3 +726,10 @@ def test_an_imported_sampling_definition_runs_end_to_end_on_a_cpu(tmp_path):
         [(r.solution, r.status, r.message) for r in report.results]
     [greedy] = [r for r in report.results if r.solution == "greedy"]
     assert "do not follow the reference's distribution" in greedy.message
+
+
+def test_an_evaluator_other_than_allclose_survives_export_and_import():
+    definition = Repo(Path(__file__).parent / "fixtures" / "sampling_repo").definition("top_k_sampling_from_probs_v64")
+    assert definition.evaluator.kind == "sampling"
+    record = definition_to_fib(definition, "def run(): pass\n")
+    assert Definition.model_validate(definition_to_ours(record)).evaluator == definition.evaluator

@@ -356,8 +356,8 @@ def definition_to_fib(definition: Definition, reference: str, workloads_version:
     def tensor(spec) -> fib.FibTensorSpec:
         return fib.FibTensorSpec(shape=spec.shape, dtype=spec.dtype, description=spec.description or None)
 
-    ext = fib.DefinitionExtension(tolerances=definition.tolerances, cost=definition.cost,
-                                  workloads_version=workloads_version)
+    ext = fib.DefinitionExtension(tolerances=definition.tolerances, evaluator=definition.evaluator,
+                                  cost=definition.cost, workloads_version=workloads_version)
     return fib.FibDefinition(
         name=definition.name, op_type=definition.op_type, description=definition.description or None,
         tags=definition.tags or None,

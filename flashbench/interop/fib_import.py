@@ -497,6 +497,8 @@ def definition_to_ours(record: fib.FibDefinition) -> dict:
     if samples_definition(record):
         data["evaluator"] = dict(SAMPLES_EVALUATOR)
     ext = record.flashbench
+    if ext and ext.evaluator.kind != "allclose":
+        data["evaluator"] = ext.evaluator.model_dump()
     if ext and ext.tolerances:
         data["tolerances"] = {k: t.model_dump() for k, t in ext.tolerances.items()}
     if ext and ext.cost:

@@ -28,7 +28,7 @@ from typing import Annotated, Iterator, Literal, TypeVar, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from ..errors import FlashbenchError
-from ..model.definition import CostModel, Strict, Tolerance
+from ..model.definition import AllClose, CostModel, Evaluator, Strict, Tolerance
 from ..model.loading import validation_error
 from ..model.workload import GeneratorSpec, InputDescriptor
 
@@ -54,6 +54,7 @@ class DefinitionExtension(Strict):
     """What a flashbench definition has and FIB's lacks."""
 
     tolerances: dict[str, Tolerance] = {}
+    evaluator: Evaluator = AllClose()
     cost: CostModel | None = None
     workloads_version: int | None = Field(None, ge=1, description="the version of the definition's workload set")
 

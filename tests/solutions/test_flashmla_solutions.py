@@ -1,18 +1,22 @@
-"""The FlashMLA-form decode and varlen MHA prefill solutions, run through the runner on the CPU.
+"""The FlashMLA-form decode and varlen MHA prefill solutions, on the CPU.
 
-Every solution folder of the four definitions (a Triton kernel, under Triton's interpreter in the
-worker process, and a plain PyTorch baseline) runs on its definition's smoke workloads exactly as
-`flashbench run` would: inputs generated from the workload, outputs poisoned before each call,
-checked against the reference with the definition's tolerances, a repeated call and a timed call
-checked too. The smoke workloads cover split and unsplit decode, one and two draft tokens, table
-slots of -1, and prefill tiles after a prefix, on the diagonal, and a sequence without queries.
-Generated caches hold finite values everywhere, so the decode solutions are also run directly on a
-cache whose slots past each request's length are NaN (the definition says they may hold anything).
+Every solution folder of the four definitions (a Triton kernel, under Triton's interpreter, and a
+plain PyTorch baseline) runs on each smoke workload of its definition. Two ways (solution_checks.py
+says why): one child process calls each entry point, loaded as the runner's worker loads it, once on
+every smoke workload (the prefill ones with fewer heads: NARROW), outputs poisoned and judged by the
+definition's evaluator; and every kernel runs through the runner, as `flashbench run` would (in its
+worker process: inputs generated from the workload, outputs poisoned before each call, checked
+against the reference with the definition's tolerances, a repeated call and timed calls checked
+too), on its definition's first smoke workload cut down to one short request (RUNNER_CUTS). The two
+decode definitions (16 and 128 heads) share their kernels, as do the two prefill ones (key
+dimensions 128 and 192): the runner runs each kernel for one of them. The smoke workloads cover
+split and unsplit decode, one and two draft tokens, table slots of -1, and prefill tiles after a
+prefix, on the diagonal, and a sequence without queries. Generated caches hold finite values
+everywhere, so the same child process also runs the Triton decode kernels on a cache whose slots
+past each request's length are NaN (the definition says they may hold anything).
 """
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,8 +24,9 @@ import pytest
 import torch
 
 from flashbench import Repo
-from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
-from solution_checks import load_module, solution_file
+from flashbench.run import select_solutions, select_workloads
+from solution_checks import (check_directly, cut_down, interpreted, kernel_of, load_module, run_through_runner,
+                             solution_file)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFINITIONS = {
@@ -31,30 +36,83 @@ DEFINITIONS = {
     "mha_varlen_prefill_causal_h128_dqk192_dv128": {"triton_fa2", "torch_vectorized"},
 }
 PEER_BASELINES = {"flashmla", "flashinfer_fa3"}
+# Through the runner: every folder of these definitions, among them one folder of each kernel (as
+# test_every_kernel_goes_through_the_runner checks): decode with 16 heads (the interpreter's cost grows
+# with the heads), prefill with the key dimension split in two dots (192 = 128 + 64).
+THROUGH_RUNNER = ["flashmla_decode_causal_h16_ckv512_kpe64_ps64", "mha_varlen_prefill_causal_h128_dqk192_dv128"]
+
+# The runner's workload, per generator: the first smoke workload with these fields. Decode: one
+# request of one token in a cache of two blocks (its table slots past the first are -1; under the
+# interpreter the decode kernels still split it and merge; the judge redraws the whole cache before
+# every call and six times more per timed batch for its baseline); prefill: one query after a prefix
+# of two keys (128 heads are 128 programs of the interpreter however short the sequence).
+RUNNER_CUTS = {
+    "block_table": {"seqlens": [1], "block_pool": 2},
+    "varlen": {"q_lens": [1], "prefix_lens": [2]},
+}
+
+# The direct calls of the prefill solutions use 8 of the 128 heads: triton_fa2's programs each own one
+# head and a query tile, so 8 heads run the code of 128 at a sixteenth of the interpreter's cost (the
+# runner's calls use all 128).
+NARROW = {definition: {"num_heads": 8, "num_heads_kv": 8}
+          for definition in DEFINITIONS if definition.startswith("mha_")}
+
+
+def runner_workload(repo: Repo, definition: str):
+    first = select_workloads(repo, definition, [], "cpu")[0]
+    return cut_down(first, **RUNNER_CUTS[first.generate[0].generator])
+
+
+@pytest.fixture(scope="module")
+def direct_results(tmp_path_factory):
+    return interpreted(__file__, "--direct", tmp_path_factory.mktemp("direct") / "results.json")
+
+
+def solution_folders(repo: Repo, definition: str) -> list:
+    # CUDA solutions need a GPU; tests/solutions/test_cuda_solutions.py compiles them. The peer
+    # libraries' wrappers (FlashMLA, FlashInfer) run on a GPU only: tests/solutions/test_peer_baselines.py.
+    return [f for f in select_solutions(repo, definition, [])
+            if f.solution.language != "cuda" and f.solution.name not in PEER_BASELINES]
+
+
+def test_every_kernel_goes_through_the_runner():
+    repo = Repo(ROOT)
+    folders = {d: solution_folders(repo, d) for d in DEFINITIONS}
+    assert {d: {f.solution.name for f in found} for d, found in folders.items()} == DEFINITIONS
+    kernels = {(d, f.solution.name): kernel_of(f) for d, found in folders.items() for f in found}
+    through_runner = {kernel for (d, _), kernel in kernels.items() if d in THROUGH_RUNNER}
+    left_out = [pair for pair, kernel in kernels.items() if kernel not in through_runner]
+    assert not left_out, left_out
+
+
+@pytest.mark.parametrize("definition", THROUGH_RUNNER)
+def test_solutions_pass_through_the_runner(definition, tmp_path):
+    repo = Repo(ROOT)
+    folders = solution_folders(repo, definition)
+    assert {f.solution.name for f in folders} == DEFINITIONS[definition]
+    workload = runner_workload(repo, definition)
+    traces = run_through_runner(definition, folders, [workload], tmp_path)
+    ran = sorted((t.solution, t.workload_name) for t in traces)
+    assert ran == [(name, workload.name) for name in sorted(DEFINITIONS[definition])]
+    failed = {(t.solution, t.workload_name): f"{t.status}: {t.message} {t.log[-600:]}"
+              for t in traces if t.status != "PASSED"}
+    assert not failed, failed
 
 
 @pytest.mark.parametrize("definition", list(DEFINITIONS))
-def test_solutions_pass_smoke_workloads(definition, tmp_path):
-    repo = Repo(ROOT)
-    options = RunOptions(device="cpu", iters=1, warmup=0, input_sets=1, timeout=120, trace_dir=tmp_path,
-                         cache_dir=tmp_path, save=False)
-    runner = Runner(repo, definition, options)
-    # CUDA solutions need a GPU; tests/solutions/test_cuda_solutions.py compiles them. The peer
-    # libraries' wrappers (FlashMLA, FlashInfer) run on a GPU only: tests/solutions/test_peer_baselines.py.
-    folders = [f for f in select_solutions(repo, definition, [])
-               if f.solution.language != "cuda" and f.solution.name not in PEER_BASELINES]
-    assert {f.solution.name for f in folders} == DEFINITIONS[definition]
-    workloads = select_workloads(repo, definition, [], "cpu")
+def test_solutions_pass_the_smoke_workloads(definition, direct_results):
+    workloads = select_workloads(Repo(ROOT), definition, [], "cpu")
     assert workloads and all("smoke" in w.tags for w in workloads)
     # The reference itself is checked against float64 in tests/test_flashmla_references.py.
-    result = runner.run(runner.candidates(folders)[1:], workloads)
-    assert len(result.traces) == len(folders) * len(workloads)
-    failed = {(t.solution, t.workload_name): f"{t.status}: {t.message} {t.log[-600:]}"
-              for t in result.traces if t.status != "PASSED"}
+    expected = {f"{definition}/{solution}/{w.name}" for solution in DEFINITIONS[definition] for w in workloads}
+    results = {key: value for key, value in direct_results.items() if key.startswith(f"{definition}/")}
+    assert set(results) == expected
+    failed = {key: value["problems"] for key, value in results.items() if value["problems"]}
     assert not failed, failed
 
 
 DECODE_H16 = "flashmla_decode_causal_h16_ckv512_kpe64_ps64"
+NAN_TAILS = "decode kernels on NaN block tails"  # its key among the child's results
 
 
 
@@ -75,8 +133,8 @@ def nan_tail_case(seed=0):
     return q, k_cache.bfloat16(), table, torch.tensor(lengths, dtype=torch.int32), 0.1352
 
 
-def check_decode_on_nan_tails():
-    """Runs in a child process under the interpreter: both Triton kernels, with and without splits
+def check_decode_on_nan_tails() -> dict:
+    """In the child process, under the interpreter: both Triton kernels, with and without splits
     (triton_balanced with one unit in all, and with units cut to 64 keys so every request splits)."""
     reference = load_module("decode_reference", ROOT / Repo(ROOT).definition(DECODE_H16).reference)
     splitkv = load_module("decode_triton", solution_file(DECODE_H16, "triton_splitkv"))
@@ -91,14 +149,11 @@ def check_decode_on_nan_tails():
         lse = torch.full_like(ref_lse, float("nan"))
         kernel.launch(*inputs, out, lse, **options)
         errors[name] = [(out.float() - ref_out.float()).abs().max().item(), (lse - ref_lse).abs().max().item()]
-    print(json.dumps(errors))
+    return errors
 
 
-def test_triton_decode_ignores_block_tails():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__, "--nan-tails"], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_triton_decode_ignores_block_tails(direct_results):
+    errors = direct_results[NAN_TAILS]
     assert len(errors) == 4
     for variant, (out_error, lse_error) in errors.items():
         assert out_error <= 2e-2 and lse_error <= 1e-3, (variant, out_error, lse_error)  # NaN fails too
@@ -114,5 +169,9 @@ def test_torch_decode_ignores_block_tails():
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
 
 
-if __name__ == "__main__" and "--nan-tails" in sys.argv:
-    check_decode_on_nan_tails()
+if __name__ == "__main__" and "--direct" in sys.argv:
+    pairs = [(definition, solution) for definition, solutions in DEFINITIONS.items() for solution in sorted(solutions)]
+    results = Path(sys.argv[-1])
+    checked = check_directly(pairs, results.parent / "staged", narrow=NARROW)
+    checked[NAN_TAILS] = check_decode_on_nan_tails()
+    results.write_text(json.dumps(checked))

@@ -46,9 +46,10 @@ def execute(repo, definition_name, folders, workloads, options) -> tuple[RunResu
     runner = Runner(repo, definition_name, options, on_result=on_result)
     candidates = runner.candidates(folders)
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.fields[doing]}"), PhaseClock(), console=console, transient=True) as progress:
-            task = progress.add_task(f"{definition_name} on {device_label(options)}", total=len(candidates) * len(workloads),
+        # What is running now comes first: on a narrow terminal the bar is what gets squeezed.
+        with Progress(TextColumn("{task.fields[doing]}"), PhaseClock(), BarColumn(bar_width=20), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TextColumn("{task.description}"), console=console, transient=True) as progress:
+            task = progress.add_task(f"on {device_label(options)}", total=len(candidates) * len(workloads),
                                      doing="", since=None)
 
             def on_phase(job, phase):

@@ -216,16 +216,9 @@ def check_samples(definition: Definition, calls: list[tuple[str, torch.Tensor, t
         transforms.append(transform[inside])
         outside += int((~inside).sum())
         total += ids.numel()
-        if problem is None and not inside.all():
-            first = int((~inside).nonzero()[0])
-            problem = (f"{label}: {int((~inside).sum())} of {ids.numel()} samples lie outside the support "
-                       f"(probability 0, or no such category): element {first} is {int(ids[first])}")
-    distance = uniform_distance(torch.cat(transforms) if transforms else torch.empty(0, dtype=torch.float64))
-    n = sum(t.numel() for t in transforms)
+        problem = problem or _outside_support(label, ids, inside, "probability 0, or no such category")
+    error, distance, bound, n = _uniformity(transforms, outside, total, definition.evaluator.false_failure_probability)
     alpha = definition.evaluator.false_failure_probability
-    bound = math.sqrt(math.log(2 / alpha) / (2 * n)) if n else math.inf
-    error = OutputError(max_abs_error=distance, max_rel_error=distance / bound,
-                        mismatch_fraction=outside / max(total, 1))
     if problem is None and distance > bound:
         problem = (f"the {n} samples of {len(calls)} checked calls do not follow the reference's probabilities: "
                    f"Kolmogorov-Smirnov distance {distance:.3g} of their probability integral transforms from "
@@ -454,22 +447,35 @@ def check_reference_samples(definition: Definition, output: str,
             ranks.append(on_device_or_host(lambda on: _ranks(ids, drawn, rows, uniforms, on), device)[inside])
         outside += int((~inside).sum())
         total += ids.numel()
-        if problem is None and not inside.all():
-            first = int((~inside).nonzero()[0])
-            problem = (f"{label}: {int((~inside).sum())} of {ids.numel()} samples lie outside the support "
-                       f"({_support_words(limit, rows is not None)}): element {first} is {int(ids[first])}")
-    distance = uniform_distance(torch.cat(ranks) if ranks else torch.empty(0, dtype=torch.float64))
-    n = sum(r.numel() for r in ranks)
+        problem = problem or _outside_support(label, ids, inside, _support_words(limit, rows is not None))
+    error, distance, bound, n = _uniformity(ranks, outside, total, definition.evaluator.false_failure_probability)
     alpha = definition.evaluator.false_failure_probability
-    bound = math.sqrt(math.log(2 / alpha) / (2 * n)) if n else math.inf
-    error = OutputError(max_abs_error=distance, max_rel_error=distance / bound,
-                        mismatch_fraction=outside / max(total, 1))
     if problem is None and distance > bound:
         problem = (f"the {n} samples of {len(seen)} checked calls do not follow the reference's distribution: "
                    f"Kolmogorov-Smirnov distance {distance:.3g} of their ranks among the reference's "
                    f"{draws_per_sample} draws per sample from uniform, over the bound {bound:.3g} for a "
                    f"false-failure probability of {alpha:g}")
     return SampleCheck(error, problem)
+
+
+def _outside_support(label: str, ids: torch.Tensor, inside: torch.Tensor, support: str) -> str | None:
+    """The message for a call's samples outside the support, naming the first; None when all lie inside."""
+    if inside.all():
+        return None
+    first = int((~inside).nonzero()[0])
+    return (f"{label}: {int((~inside).sum())} of {ids.numel()} samples lie outside the support "
+            f"({support}): element {first} is {int(ids[first])}")
+
+
+def _uniformity(values: list[torch.Tensor], outside: int, total: int, alpha: float):
+    """The KS distance of values that are uniform on [0, 1) for an honest sampler, the DKW bound it must
+    stay under (false failure at most `alpha`), the error figures a trace records, and how many values."""
+    distance = uniform_distance(torch.cat(values) if values else torch.empty(0, dtype=torch.float64))
+    n = sum(v.numel() for v in values)
+    bound = math.sqrt(math.log(2 / alpha) / (2 * n)) if n else math.inf
+    error = OutputError(max_abs_error=distance, max_rel_error=distance / bound,
+                        mismatch_fraction=outside / max(total, 1))
+    return error, distance, bound, n
 
 
 def _reference_draws(samples: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:

@@ -89,7 +89,7 @@ def solution_candidate(folder: SolutionFolder, cache_dir: Path) -> Candidate:
     its content hash covers, so no code the hash leaves out (compiled bytecode, files posing as
     documentation) can run."""
     loaded = stage_solution(folder, cache_dir / "solutions")
-    return Candidate(loaded, folder.solution, content_hash(loaded))
+    return Candidate(loaded, folder.solution, loaded.name)  # staged under its content hash, checked there
 
 
 def stage_solution(folder: SolutionFolder, into: Path) -> Path:

@@ -335,7 +335,7 @@ class _Job:
         ranked, name = (worker, "worker") if worker["latency_ms"] >= judge["latency_ms"] else (judge, "judge")
         return {**ranked, "clock": {
             "ranked_clock": name, "judge_method": "wall clock per batch, less the harness's steps run by the judge",
-            "batches": len(self.times.judge_ms), "calls_per_batch": self.times.batch_sizes[0],
+            "batches": len(self.times.batch_ms), "calls_per_batch": self.times.batch_sizes[0],
             "checked_calls": len(self.reads) - len(self.arena_sets) - 1,
         }, "clocks": {
             "judge": {key: judge[key] for key in ("latency_ms", "p10_ms", "p90_ms", "ci_low_ms", "ci_high_ms", "samples")},

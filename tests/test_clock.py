@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from flashbench import Repo
-from flashbench.run.judge.clock import (AGREEMENT_SHARE, BASELINE_REPEATS, SLACK_MS, Baseline, disagreement,
+from flashbench.run.judge.clock import (AGREEMENT_SHARE, BASELINE_REPEATS, SKIPPED_STEPS_SHARE, SLACK_MS, Baseline,
+                                        disagreement, skipped_steps,
                                         judge_per_call_ms, per_call_ms, summarize)
 from flashbench.run.judge.inputs import JobInputs
 from flashbench.run.protocol import Batch, Call
@@ -115,6 +116,43 @@ def test_the_rejection_gives_both_figures():
 def test_on_a_cpu_the_worker_clock_is_never_judged(worker, judge):
     """Both clocks are the host's: other load alone can split them."""
     assert disagreement(worker, judge, "cpu") is None
+
+
+# skipped_steps: a batch must last its harness steps plus the calls the worker timed.
+
+def _batches(steps_ms, call_ms, batches=5, size=10, gap_ms=0.002, skipped_share=0.0):
+    """Batches whose calls each ran `steps_ms` of harness steps (less the share skipped) and `call_ms`."""
+    batch = size * (steps_ms * (1 - skipped_share) + call_ms + gap_ms)
+    return [batch] * batches, [size * steps_ms] * batches, [size] * batches, [call_ms] * (batches * size)
+
+
+@pytest.mark.parametrize("steps, call", [(0.15, 0.05), (0.15, 1.0), (0.02, 0.01)])
+def test_honest_batches_are_not_flagged(steps, call):
+    assert skipped_steps(*_batches(steps, call), "cuda") is None
+
+
+@pytest.mark.parametrize("steps, call", [(0.15, 0.05), (0.15, 1.0)])
+def test_batches_that_skip_the_flush_are_flagged_whatever_the_call_costs(steps, call):
+    """A short call after a skipped flush leaves the batch shorter than the steps alone; a long one
+    leaves it a flush short of steps plus call: both are caught."""
+    message = skipped_steps(*_batches(steps, call, skipped_share=1.0), "cuda")
+    assert message is not None and "steps did not all run" in message
+
+
+def test_the_rule_holds_at_its_share():
+    steps = 0.2
+    assert skipped_steps(*_batches(steps, 0.1, gap_ms=0.0, skipped_share=SKIPPED_STEPS_SHARE * 0.9), "cuda") is None
+    assert skipped_steps(*_batches(steps, 0.1, gap_ms=0.0, skipped_share=SKIPPED_STEPS_SHARE * 1.2), "cuda") is not None
+
+
+def test_one_short_batch_does_not_flag_a_job():
+    batch_ms, baseline_ms, sizes, worker_ms = _batches(0.15, 0.05)
+    batch_ms[0] = 0.0
+    assert skipped_steps(batch_ms, baseline_ms, sizes, worker_ms, "cuda") is None
+
+
+def test_the_steps_are_never_judged_on_a_cpu():
+    assert skipped_steps(*_batches(0.15, 0.05, skipped_share=1.0), "cpu") is None
 
 
 # The baseline: a batch's steps without the solution's call, run by the judge on the CPU.

@@ -21,7 +21,7 @@ from ..dtypes import is_float, torch_dtype
 from ..model import OutputError, Status
 from .arena import Arena, plan_layout, views
 from .judge.check import CheckedCall, Verdict, check_job
-from .judge.clock import Baseline, disagreement, judge_per_call_ms, summarize
+from .judge.clock import Baseline, disagreement, judge_per_call_ms, skipped_steps, summarize
 from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
 from .protocol import Batch, BatchDone, Call, Close, Failed, Open, Opened
@@ -329,7 +329,9 @@ class _Job:
         device_type = torch.device(self.session.device).type
         judge = summarize(self.times.judge_ms)
         worker = summarize(self.times.worker_ms)
-        problem = disagreement(worker["latency_ms"], judge["latency_ms"], device_type)
+        problem = (disagreement(worker["latency_ms"], judge["latency_ms"], device_type)
+                   or skipped_steps(self.times.batch_ms, self.times.baseline_ms, self.times.batch_sizes,
+                                    self.times.worker_ms, device_type))
         if problem:
             raise _Stop(self.rejected(problem))
         ranked, name = (worker, "worker") if worker["latency_ms"] >= judge["latency_ms"] else (judge, "judge")

@@ -21,6 +21,9 @@ from .inputs import JobInputs
 # only: on a CPU both clocks are the host's, and other load on it alone can split them.
 AGREEMENT_SHARE = 0.5
 SLACK_MS = 0.005
+# A batch runs the harness's steps and the calls one after the other, so it lasts at least as long as
+# both; one shorter by more than this share of the steps, beyond the slack, skipped steps (the flush).
+SKIPPED_STEPS_SHARE = 0.5
 # The least of these: other load on the host only ever adds time. A CPU's steps cost little and a busy
 # host delays many readings, so it takes more; a GPU's are device-bound (the flush) and cost more.
 BASELINE_REPEATS = {"cpu": 6, "cuda": 2}
@@ -73,6 +76,29 @@ def disagreement(worker_ms: float, judge_ms: float, device_type: str) -> str | N
         return None
     return (f"the solution's own clock disagrees with the judge's: {worker_ms * 1e3:.1f} µs per call against "
             f"{judge_ms * 1e3:.1f} µs measured from outside (work outside the timed calls, or a replaced timer)")
+
+
+def skipped_steps(batch_ms: list[float], baseline_ms: list[float], sizes: list[int], worker_ms: list[float],
+                  device_type: str) -> str | None:
+    """Why the batches cannot have run the harness's steps before each call, if they cannot: the judge
+    subtracts steps it assumes ran (above all the L2 flush), so a worker that skips them would shorten
+    the judge's clock by their cost. Each batch must last its steps (the judge's own, cheapest per
+    call) plus the calls as the worker timed them; the median shortfall per call may not exceed
+    SKIPPED_STEPS_SHARE of the steps. GPU only, as `disagreement`."""
+    if device_type != "cuda":
+        return None
+    steps = min(base / size for base, size in zip(baseline_ms, sizes))
+    shortfalls, start = [], 0
+    for batch, size in zip(batch_ms, sizes):
+        calls = worker_ms[start:start + size]
+        start += size
+        shortfalls.append(steps + statistics.fmean(calls) - batch / size)
+    shortfall = statistics.median(shortfalls)
+    if shortfall <= SKIPPED_STEPS_SHARE * steps + SLACK_MS:
+        return None
+    return (f"the batches took less time than the harness's steps and the calls the solution timed: "
+            f"{shortfall * 1e3:.1f} µs per call short of {steps * 1e3:.1f} µs of steps (L2 flush, input redraw) "
+            f"plus {statistics.median(worker_ms) * 1e3:.1f} µs of call; the steps did not all run")
 
 
 def summarize(samples: list[float]) -> dict:

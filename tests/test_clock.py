@@ -95,11 +95,11 @@ def test_a_baseline_slowed_by_load_does_not_take_the_solutions_time():
 
 @pytest.mark.parametrize("worker, judge, flagged", [
     (1.0, 1.0, False),          # equal
-    (0.8, 1.0, False),          # more than three quarters of the judge's time
-    (0.75, 1.0, False),         # exactly three quarters: not flagged
-    (0.6, 1.0, True),           # under three quarters and 0.4 ms apart
-    (0.001, 0.006, False),      # under three quarters, but within the slack (a few µs of handshake per call)
-    (0.001, 0.0085, True),      # under three quarters and just beyond the slack
+    (0.7, 1.0, False),          # more than the share of the judge's time
+    (0.6, 1.0, False),          # exactly the share: not flagged
+    (0.5, 1.0, True),           # under the share and 0.5 ms apart
+    (0.001, 0.009, False),      # under the share, but within the slack (a few µs of handshake per call)
+    (0.001, 0.0105, True),      # under the share and just beyond the slack
     (2.0, 1.0, False),          # a worker clock above the judge's is never flagged
 ])
 def test_the_flagging_rule_on_a_gpu(worker, judge, flagged):

@@ -44,10 +44,12 @@ class RunOptions:
         return self.device.startswith("cuda")
 
 
-# Per device kind: a timed batch lasts at least this long (ms), so the judge's handshake around it
-# stays under about 0.5% (the calls of a slow solution, e.g. Triton's interpreter, are batched one
-# by one); at least this many batches; output slots within this many bytes.
-TARGET_BATCH_MS = {"cuda": 20.0, "cpu": 20.0}
+# Per device kind: a timed batch lasts at least this long (ms), so the judge's fixed cost around it
+# (the request, the worker's reply with its event times: about 1 ms a batch on the H200, where 20 ms
+# batches read 20-90 µs per call above CUDA events) stays near 1% (the calls of a slow solution, e.g.
+# Triton's interpreter, are batched one by one); at least this many batches; output slots within
+# this many bytes.
+TARGET_BATCH_MS = {"cuda": 100.0, "cpu": 20.0}
 MIN_BATCHES = {"cuda": 5, "cpu": 2}
 SLOT_BUDGET_BYTES = {"cuda": 4 << 30, "cpu": 256 << 20}
 GPU_CHECKED_CALLS = 8

@@ -19,7 +19,7 @@ from .inputs import JobInputs
 
 # Worker times under this share of the judge's, beyond the slack, cannot be honest. Judged on a GPU
 # only: on a CPU both clocks are the host's, and other load on it alone can split them.
-AGREEMENT_SHARE = 0.75
+AGREEMENT_SHARE = 0.6
 SLACK_MS = 0.005
 # A batch runs the harness's steps and the calls one after the other, so it lasts at least as long as
 # both; one shorter by more than this share of the steps, beyond the slack, skipped steps (the flush).

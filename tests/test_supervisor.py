@@ -252,3 +252,36 @@ def test_a_worker_dies_with_the_thread_that_started_it(start, tmp_path):
     thread.join()
     worker = workers[0]
     assert worker.process.wait(timeout=30) == -signal.SIGKILL
+
+
+# Pausing a worker while the judge times its own steps.
+
+BUSY_THREAD = """
+    import threading
+    def spin():
+        while True:
+            pass
+    threading.Thread(target=spin, daemon=True).start()
+"""
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime, every thread
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_a_paused_worker_spends_no_cpu_and_runs_on_afterwards(start, isolation):
+    """A worker that burns the host's CPUs from a thread while the judge times its own steps would make
+    them look dearer: paused, none of its threads runs."""
+    worker = start(BUSY_THREAD, isolation)
+    assert isinstance(worker.ask(Build(), 120), Ready)  # imported: the thread spins
+    pid = sandbox.worker_pid(worker.process.pid, isolation)
+    with worker.paused():
+        time.sleep(0.2)  # the stop takes effect
+        before = cpu_ticks(pid)
+        time.sleep(0.5)
+        assert cpu_ticks(pid) == before and sandbox._state(pid) == "T"
+    time.sleep(0.5)
+    assert cpu_ticks(pid) > before  # going again
+    assert isinstance(worker.ask(Probe(), 60), Ready)

@@ -210,7 +210,8 @@ class _Job:
             labels = {k: f"timed call {b * size + k + 1} of {batches * size}" for k in picked.get(b, [])}
             batch_ms, batch = self.batch(calls, timed=True, graph=settings.graph, picked=labels)
             self.times.batch_ms.append(batch_ms)
-            self.times.baseline_ms.append(baseline.time_ms(batch))
+            with self.worker.paused():
+                self.times.baseline_ms.append(baseline.time_ms(batch))
             self.times.batch_sizes.append(size)
 
     def call_slots(self) -> range:

@@ -1,5 +1,6 @@
 """Starting a sandboxed worker, asking it things with a deadline, and ending it with everything it started."""
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -116,6 +117,21 @@ class WorkerProcess:
             return []
         return sandbox.sandbox_processes(self.process.pid, self.isolation)
 
+    @contextlib.contextmanager
+    def paused(self):
+        """The worker and everything in its sandbox stopped (SIGSTOP, every thread) for the block: while the
+        judge times its own harness steps, a worker that spends the host's CPUs then would make the steps
+        look dearer and its own calls, with them subtracted, cheaper. Its queued GPU work runs on."""
+        worker = sandbox.worker_pid(self.process.pid, self.isolation) if self.process.poll() is None else None
+        stopped = [worker, *self.leftovers()] if worker is not None else []
+        for pid in stopped:
+            _signal(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in stopped:
+                _signal(pid, signal.SIGCONT)
+
     def log_tail(self) -> str:
         try:
             with open(self.log_path, "rb") as log:
@@ -159,6 +175,13 @@ def _dies_with_this_thread():
             os._exit(1)
 
     return set_death_signal
+
+
+def _signal(pid: int, number: int) -> None:
+    try:
+        os.kill(pid, number)
+    except ProcessLookupError:  # ended meanwhile
+        pass
 
 
 def _pipe() -> tuple[int, int]:

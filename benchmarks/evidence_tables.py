@@ -1,64 +1,438 @@
-"""The tables in docs/measurement.md, made from the data committed under docs/data/.
+"""Every table in README.md and docs/*.md, made from committed traces and data, and kept so.
 
-    python benchmarks/evidence_tables.py flush        # L2 flush methods (benchmarks/l2_flush.py --json)
-    python benchmarks/evidence_tables.py clocks       # judge's clock, worker's events, earlier events traces
-    python benchmarks/evidence_tables.py adversarial  # the GPU entries of the adversarial corpus
+A table in Markdown is a generated block: this script writes what lies between the two markers,
+and nobody edits it by hand:
+
+    <!-- table: NAME ARGS -->
+    ...
+    <!-- /table -->
+
+    python benchmarks/evidence_tables.py --write      # regenerate every block in README.md and docs/*.md
+    python benchmarks/evidence_tables.py --check      # exit 1 naming each out-of-date or failing block, else 0
+    python benchmarks/evidence_tables.py NAME ARGS    # print one table
+
+A table starts with a line naming its source files, the device they record and the command that
+made it. Paths are relative to the repository root; a missing input is a one-line error naming it.
+
+    flush [FILE]                    L2 flush methods (benchmarks/l2_flush.py --json); FILE defaults to
+                                    docs/data/l2_flush_h200.json
+    clocks [FILE EARLIER]           judge's clock and worker's events (FILE, default
+                                    docs/data/decode_clocks_h200.jsonl) against an earlier events trace file
+                                    (default traces/nvidia_h200/mla_paged_decode_h16_ckv512_kpe64_ps1.jsonl)
+    adversarial [FILE]              fixtures of the adversarial corpus (default docs/data/adversarial_gpu_h200.jsonl)
+    peers TRACE_FILE                per timed workload, the best peer against our best: PEERS are the solutions
+                                    named flashmla and flashinfer_fa3; ours are every solution that is neither a
+                                    peer, nor the reference, nor tagged baseline. % of floor is the leaderboard's
+                                    own (flashbench.leaderboard.results.with_speed_of_light: the calibrated floor
+                                    over the latency), from calibration.json beside TRACE_FILE
+    events_graph DEF [SOLUTION...]  per timed workload, each solution's "events µs / graph µs", from
+                                    traces/nvidia_h200/<DEF>.jsonl and <DEF>.graph.jsonl (no SOLUTION: every
+                                    solution of the events file but the reference)
+    repeat FILE_A FILE_B            one definition measured twice: latencies and |difference| per pair
+    moved OLD_FILE NEW_FILE         how far each latency moved in a re-recording, and whose content hash changed
+    rejections FILE_OR_GLOB...      pairs by status for honest solutions (those with a folder under solutions/;
+                                    not the reference, not test fixtures), and every REJECTED one
+
+Which record counts: a trace file is appended to, so it may hold several runs of one (solution,
+workload). Every table takes the leaderboard's current results (flashbench.leaderboard.results.
+current_results): of each solution only its newest content hash, and of that the latest record of
+each workload, whatever its status. A re-run replaces the record before it (a rejected cell that
+passed when run again shows the pass), a failed re-run is never hidden by an older pass, and an
+older hash's records drop out even on workloads the newest has not run (as on the boards). Only
+PASSED records with a performance give a latency; an empty cell is "—". Timed workloads are those
+the leaderboard times (flashbench.leaderboard.board.is_timed: not tagged smoke in the definition's
+workload set); clocks and adversarial list every workload, rejections every pair.
 """
 
+import glob
+import inspect
 import json
+import math
+import re
+import statistics
 import sys
+from functools import cache
 from pathlib import Path
+from typing import get_args
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "docs" / "data"
-EARLIER = ROOT / "traces" / "nvidia_h200" / "mla_paged_decode_h16_ckv512_kpe64_ps1.jsonl"
+sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+from flashbench.errors import FlashbenchError  # noqa: E402
+from flashbench.leaderboard.board import BASELINE_TAG, is_timed  # noqa: E402
+from flashbench.leaderboard.results import current_results, traces_frame, with_speed_of_light  # noqa: E402
+from flashbench.model import REFERENCE, Calibration, Status, Trace, Workload, load_model  # noqa: E402
+from flashbench.registry import Repo  # noqa: E402
+from flashbench.traces import TIMING_METHODS, read_traces, trace_path  # noqa: E402
+
+PEERS = ("flashmla", "flashinfer_fa3")
+HARDWARE = "nvidia_h200"  # events_graph reads traces/<HARDWARE>/
+COMMAND = "python benchmarks/evidence_tables.py"
+NONE = "—"
+DEFAULTS = {
+    "flush": ["docs/data/l2_flush_h200.json"],
+    "clocks": ["docs/data/decode_clocks_h200.jsonl", "traces/nvidia_h200/mla_paged_decode_h16_ckv512_kpe64_ps1.jsonl"],
+    "adversarial": ["docs/data/adversarial_gpu_h200.jsonl"],
+}
+OPEN = re.compile(r"^<!-- table: .*-->$", re.M)
+BLOCK = re.compile(r"^<!-- table: (?P<spec>.+?) -->\n(?P<body>.*?)^<!-- /table -->$", re.M | re.S)
 
 
-def flush_table() -> str:
-    records = json.loads((DATA / "l2_flush_h200.json").read_text())
+# What counts, in every table.
+
+def current(traces: list[Trace]) -> dict[tuple[str, str], Trace]:
+    """(solution, workload uuid) -> the record that counts (module docstring), in recorded order."""
+    if not traces:
+        return {}
+    kept = sorted(current_results(traces_frame(traces))["order"])
+    return {(traces[i].solution, traces[i].workload): traces[i] for i in kept}
+
+
+def latency_us(trace: Trace | None) -> float | None:
+    if trace is None or trace.status != "PASSED" or trace.performance is None:
+        return None
+    return trace.performance.latency_ms * 1e3
+
+
+def timed(workloads: list[Workload], ran: dict) -> list[Workload]:
+    """The timed workloads of the set, in set order, that any record of `ran` is of."""
+    uuids = {workload for _, workload in ran}
+    return [w for w in workloads if is_timed(w) and w.uuid in uuids]
+
+
+def fastest(latest: dict, workload: str, chosen) -> tuple[str, float] | None:
+    """(solution, µs) of the fastest passed solution for which chosen(trace) holds, or None."""
+    found = [(latency_us(t), t.solution) for (_, w), t in latest.items() if w == workload and chosen(t)]
+    found = [(value, solution) for value, solution in found if value is not None]
+    return min(found)[::-1] if found else None
+
+
+def us(value: float | None) -> str:
+    return NONE if value is None else f"{value:.1f}"
+
+
+def markdown(header: list[str], rows: list[list]) -> str:
+    cell = lambda value: str(value).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    line = lambda values: "| " + " | ".join(cell(value) for value in values) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "---|" * len(header), *map(line, rows)])
+
+
+def spread(changes: list[tuple[float, str]], what: str) -> str:
+    """'median |what| x%, max y% (where), over n pairs' of (|change| %, where) pairs."""
+    if not changes:
+        return "No (solution, workload) pair passed in both."
+    top, where = max(changes)
+    return (f"Median {what} {statistics.median(c for c, _ in changes):.1f}%, max {top:.1f}% ({where}), "
+            f"over {len(changes)} (solution, workload) pairs.")
+
+
+# The tables: pure functions from data to Markdown.
+
+def flush_table(records: list[dict]) -> str:
     methods = list(dict.fromkeys(r["flush"] for r in records))
-    rows = ["| kernel | " + " | ".join(f"after {m}" for m in methods) + " |", "|---|" + "---|" * len(methods)]
+    rows = []
     for kernel in dict.fromkeys(r["kernel"] for r in records):
         cells = {r["flush"]: r["median_us"] for r in records if r["kernel"] == kernel}
-        rows.append(f"| {kernel} | " + " | ".join(f"{cells[m]:.1f}" for m in methods) + " |")
-    return "\n".join(rows)
+        rows.append([kernel, *(us(cells.get(m)) for m in methods)])
+    return markdown(["kernel", *(f"after {m}" for m in methods)], rows)
 
 
-def _traces(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def clocks_table() -> str:
-    earlier = {(t["solution"], t["workload_name"]): t["performance"]["latency_ms"]
-               for t in _traces(EARLIER) if t["status"] == "PASSED" and t["performance"]}
-    rows = ["| solution | workload | earlier events (µs) | worker events (µs) | judge's clock (µs) | judge's 95% CI |",
-            "|---|---|---|---|---|---|"]
-    for trace in _traces(DATA / "decode_clocks_h200.jsonl"):
-        key = (trace["solution"], trace["workload_name"])
-        if trace["solution"] == "reference" or key not in earlier:
+def clocks_table(traces: list[Trace], earlier: list[Trace]) -> str:
+    before = current(earlier)
+    rows = []
+    for key, trace in current(traces).items():
+        then = latency_us(before.get(key))
+        if trace.solution == REFERENCE or then is None:
             continue
-        clocks = trace["performance"]["crosscheck"] if trace["performance"] else None
-        if trace["status"] != "PASSED":
-            rows.append(f"| {key[0]} | {key[1]} | {earlier[key] * 1e3:.1f} | {trace['status']}: "
-                        f"{trace['message'][:70]} | | |")
+        perf = trace.performance
+        if trace.status != "PASSED" or perf is None:
+            rows.append([trace.solution, trace.workload_name, us(then), f"{trace.status}: {trace.message[:70]}", "", ""])
             continue
-        perf = trace["performance"]
+        clocks = perf.crosscheck
         worker = clocks.get("median_ms", clocks.get("worker", {}).get("latency_ms"))
-        rows.append(f"| {key[0]} | {key[1]} | {earlier[key] * 1e3:.1f} | {worker * 1e3:.1f} | "
-                    f"{perf['latency_ms'] * 1e3:.1f} | {perf['ci_low_ms'] * 1e3:.1f}-{perf['ci_high_ms'] * 1e3:.1f} |")
-    return "\n".join(rows)
+        rows.append([trace.solution, trace.workload_name, us(then), us(worker * 1e3), us(perf.latency_ms * 1e3),
+                     f"{perf.ci_low_ms * 1e3:.1f}-{perf.ci_high_ms * 1e3:.1f}"])
+    return markdown(["solution", "workload", "earlier events (µs)", "worker events (µs)", "judge's clock (µs)",
+                     "judge's 95% CI"], rows)
 
 
-def adversarial_table() -> str:
-    rows = ["| fixture | workload | status | message |", "|---|---|---|---|"]
-    for trace in _traces(DATA / "adversarial_gpu_h200.jsonl"):
-        if trace["solution"] != "reference":
-            rows.append(f"| {trace['solution']} | {trace['workload_name']} | {trace['status']} | {trace['message'][:90]} |")
-    return "\n".join(rows)
+def adversarial_table(traces: list[Trace]) -> str:
+    rows = [[t.solution, t.workload_name, t.status, t.message[:90]] for t in current(traces).values()
+            if t.solution != REFERENCE]
+    return markdown(["fixture", "workload", "status", "message"], rows)
+
+
+def is_peer(trace: Trace) -> bool:
+    return trace.solution in PEERS
+
+
+def is_ours(trace: Trace) -> bool:
+    return trace.solution not in (*PEERS, REFERENCE) and BASELINE_TAG not in trace.solution_tags
+
+
+def peers_table(traces: list[Trace], workloads: list[Workload], calibration: Calibration) -> str:
+    latest = current(traces)
+    rows, speeds = [], []
+    for workload in timed(workloads, latest):
+        peer = fastest(latest, workload.uuid, is_peer)
+        ours = fastest(latest, workload.uuid, is_ours)
+        speed = floor = NONE
+        if ours:
+            sol_pct = with_speed_of_light(traces_frame([latest[ours[0], workload.uuid]]), calibration)["sol_pct"].iloc[0]
+            floor = NONE if math.isnan(sol_pct) else f"{sol_pct:.0f}%"  # NaN: no cost model
+        if peer and ours:
+            speeds.append(peer[1] / ours[1])
+            speed = f"{speeds[-1]:.2f}x"
+        rows.append([workload.label, *(f"{s[0]}, {s[1]:.1f}" if s else NONE for s in (peer, ours)), speed, floor])
+    table = markdown(["workload", "best peer (solution, µs)", "ours, best (solution, µs)",
+                      "ours / peer speed (peer µs ÷ ours)", "ours % of floor"], rows)
+    if not speeds:
+        return table + "\n\nNo workload has both a peer's and our result."
+    return table + (f"\n\nGeomean of ours / peer speed over the {len(speeds)} workloads with both: "
+                    f"{statistics.geometric_mean(speeds):.2f}x.")
+
+
+def events_graph_table(events: list[Trace], graph: list[Trace], workloads: list[Workload],
+                       solutions: list[str]) -> str:
+    by_method = [current(events), current(graph)]
+    rows = []
+    for workload in timed(workloads, {**by_method[0], **by_method[1]}):
+        cells = [" / ".join(us(latency_us(latest.get((s, workload.uuid)))) for latest in by_method) for s in solutions]
+        rows.append([workload.label, *cells])
+    return markdown(["workload (events µs / graph µs)", *solutions], rows)
+
+
+def paired(a: list[Trace], b: list[Trace], workloads: list[Workload]) -> list[tuple[str, str, float, float]]:
+    """(solution, workload label, µs in a, µs in b) of every timed pair that passed in both, in a's order."""
+    first, second = current(a), current(b)
+    labels = {w.uuid: w.label for w in timed(workloads, first)}
+    found = [(key, latency_us(trace), latency_us(second.get(key))) for key, trace in first.items()]
+    return [(s, labels[w], x, y) for (s, w), x, y in found if w in labels and x is not None and y is not None]
+
+
+def repeat_table(a: list[Trace], b: list[Trace], workloads: list[Workload]) -> str:
+    pairs = paired(a, b, workloads)
+    diffs = [(abs(y - x) / x * 100, f"{s} {w}") for s, w, x, y in pairs]
+    rows = [[s, w, us(x), us(y), f"{d:.1f}"] for (s, w, x, y), (d, _) in zip(pairs, diffs)]
+    return markdown(["solution", "workload", "A µs", "B µs", "|diff| %"], rows) + "\n\n" + spread(diffs, "|diff|")
+
+
+def moved_table(old: list[Trace], new: list[Trace], workloads: list[Workload]) -> str:
+    pairs = paired(old, new, workloads)
+    changes = [(y - x) / x * 100 for _, _, x, y in pairs]
+    rows = [[s, w, us(x), us(y), f"{c:+.1f}"] for (s, w, x, y), c in zip(pairs, changes)]
+    hashes = [{t.solution: t.solution_hash for t in traces} for traces in (old, new)]  # the newest of each
+    both = [s for s in hashes[0] if s in hashes[1]]
+    changed = [f"{s} ({hashes[0][s][:8]} → {hashes[1][s][:8]})" for s in both if hashes[0][s] != hashes[1][s]]
+    same = [s for s in both if hashes[0][s] == hashes[1][s]]
+    return (markdown(["solution", "workload", "old µs", "new µs", "change %"], rows) + "\n\n"
+            + spread([(abs(c), f"{s} {w}") for (s, w, _, _), c in zip(pairs, changes)], "|change|") + "\n\n"
+            + f"Content hash changed (the folder changed, not only the method): {', '.join(changed) or 'none'}; "
+            + f"unchanged: {', '.join(same) or 'none'}.")
+
+
+def rejections_table(files: dict[str, list[Trace]], honest: dict[str, set[str]]) -> str:
+    """files: a label per trace file -> its traces; honest: definition -> the solutions with a folder."""
+    pairs = [(label, t) for label, traces in files.items() for t in current(traces).values()
+             if t.solution in honest.get(t.definition, set())]
+    counts = {status: sum(t.status == status for _, t in pairs) for status in get_args(Status)}
+    table = markdown(["status", "honest pairs"], [[s, n] for s, n in counts.items() if n])
+    rejected = [[label, t.solution, t.workload_name or t.workload[:8], t.message] for label, t in pairs
+                if t.status == "REJECTED"]
+    if rejected:
+        table += "\n\n" + markdown(["file", "solution", "workload", "message"], rejected)
+    return table + f"\n\n{len(rejected)} REJECTED of {len(pairs)} honest pairs."
+
+
+# Reading: the edges.
+
+def path_of(arg: str) -> Path:
+    return ROOT / arg  # an absolute arg stays itself
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def need(path: Path) -> Path:
+    if not path.is_file():
+        raise FlashbenchError("no such file", rel(path))
+    return path
+
+
+def read(path: Path) -> list[Trace]:
+    return read_traces(need(path))
+
+
+@cache
+def repo() -> Repo:
+    return Repo(ROOT)
+
+
+def definition_of(traces: list[Trace], path: Path) -> str:
+    names = sorted({t.definition for t in traces})
+    if len(names) != 1:
+        raise FlashbenchError(f"holds traces of {len(names)} definitions, not one: {', '.join(names)}", rel(path))
+    return names[0]
+
+
+def workloads_of(definition: str) -> list[Workload]:
+    workload_set = repo().workload_set(definition)
+    if workload_set is None:
+        raise FlashbenchError("no workload set", rel(repo().workloads_path(definition)))
+    return workload_set.workloads
+
+
+def devices(*groups: list[Trace]) -> set[str]:
+    return {t.hardware for traces in groups for t in traces}
+
+
+def build_flush(file):
+    path = path_of(file)
+    records = json.loads(need(path).read_text())
+    return flush_table(records), [f"`{rel(path)}`"], {r["device"] for r in records if r.get("device")}
+
+
+def build_clocks(file, earlier):
+    paths = [path_of(file), path_of(earlier)]
+    traces, before = read(paths[0]), read(paths[1])
+    return clocks_table(traces, before), [f"`{rel(paths[0])}`", f"`{rel(paths[1])}` (earlier)"], devices(traces, before)
+
+
+def build_adversarial(file):
+    traces = read(path_of(file))
+    return adversarial_table(traces), [f"`{rel(path_of(file))}`"], devices(traces)
+
+
+def build_peers(trace_file):
+    path = path_of(trace_file)
+    traces = read(path)
+    calibration_file = path.parent / "calibration.json"
+    calibration = load_model(Calibration, need(calibration_file))
+    table = peers_table(traces, workloads_of(definition_of(traces, path)), calibration)
+    return table, [f"`{rel(path)}`", f"`{rel(calibration_file)}` (floor)"], devices(traces)
+
+
+def build_events_graph(definition, *solution):
+    paths = [trace_path(ROOT / "traces", HARDWARE, definition, method) for method in TIMING_METHODS]
+    events, graph = (read(path) for path in paths)
+    solutions = list(solution) or list(dict.fromkeys(t.solution for t in events if t.solution != REFERENCE))
+    table = events_graph_table(events, graph, workloads_of(definition), solutions)
+    return table, [f"`{rel(p)}` ({m})" for p, m in zip(paths, ("events", "graph replay"))], devices(events, graph)
+
+
+def two_files(a, b, labels):
+    paths = [path_of(a), path_of(b)]
+    first, second = read(paths[0]), read(paths[1])
+    names = {definition_of(first, paths[0]), definition_of(second, paths[1])}
+    if len(names) != 1:
+        raise FlashbenchError(f"{rel(paths[0])} and {rel(paths[1])} are of different definitions")
+    sources = [f"`{rel(p)}` ({label})" for p, label in zip(paths, labels)]
+    return first, second, workloads_of(names.pop()), sources, devices(first, second)
+
+
+def build_repeat(file_a, file_b):
+    a, b, workloads, sources, hardware = two_files(file_a, file_b, ("A", "B"))
+    return repeat_table(a, b, workloads), sources, hardware
+
+
+def build_moved(old_file, new_file):
+    old, new, workloads, sources, hardware = two_files(old_file, new_file, ("old", "new"))
+    return moved_table(old, new, workloads), sources, hardware
+
+
+def build_rejections(*file_or_glob):
+    if not file_or_glob:
+        raise FlashbenchError(f"usage: {COMMAND} {usage('rejections')}")
+    paths = []
+    for pattern in file_or_glob:
+        found = sorted(glob.glob(str(path_of(pattern))))
+        if not found:
+            raise FlashbenchError("no such file", pattern)
+        paths += [Path(p) for p in found]
+    files = {rel(p): read(p) for p in dict.fromkeys(paths)}
+    definitions = {t.definition for traces in files.values() for t in traces}
+    honest = {d: {f.solution.name for f in repo().solution_folders(d)} if d in repo().names() else set()
+              for d in definitions}
+    return rejections_table(files, honest), [", ".join(f"`{f}`" for f in files)], devices(*files.values())
+
+
+BUILDERS = {"flush": build_flush, "clocks": build_clocks, "adversarial": build_adversarial, "peers": build_peers,
+            "events_graph": build_events_graph, "repeat": build_repeat, "moved": build_moved,
+            "rejections": build_rejections}
+
+
+def usage(name: str) -> str:
+    params = inspect.signature(BUILDERS[name]).parameters.values()
+    words = " ".join(p.name.upper() + ("..." if p.kind == p.VAR_POSITIONAL else "") for p in params)
+    return f"{name} [{words}]" if name in DEFAULTS else f"{name} {words}"
+
+
+def make(name: str, args: list[str]) -> str:
+    """One table: its source line, then the table."""
+    if name not in BUILDERS:
+        raise FlashbenchError(f"no table {name!r}; known: {', '.join(BUILDERS)}")
+    args = list(args) or DEFAULTS.get(name, [])
+    try:
+        inspect.signature(BUILDERS[name]).bind(*args)
+    except TypeError:
+        raise FlashbenchError(f"usage: {COMMAND} {usage(name)}") from None
+    table, sources, hardware = BUILDERS[name](*args)
+    return (f"Source: {', '.join(sources)}, on {', '.join(sorted(hardware)) or 'a device not recorded'}; "
+            f"made by `{COMMAND} {' '.join([name, *args])}`.\n\n{table}")
+
+
+# Generated blocks in Markdown.
+
+def markdown_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def sync(files: list[Path], write: bool = False) -> tuple[list[str], list[str]]:
+    """(out-of-date blocks, failing blocks), a line each naming the file and table; with write, out-of-date
+    blocks are regenerated (a failing block is left as it is)."""
+    stale, failed = [], []
+
+    def regenerate(match: re.Match, where: str) -> str:
+        name, *args = match["spec"].split()
+        try:
+            body = f"\n{make(name, args)}\n\n"
+        except FlashbenchError as exc:
+            failed.append(f"{where}: table {name}: {exc}")
+            return match[0]
+        if body != match["body"]:
+            stale.append(f"{where}: table {name} is out of date")
+        return f"<!-- table: {match['spec']} -->\n{body}<!-- /table -->"
+
+    for path in files:
+        text = path.read_text()
+        new = BLOCK.sub(lambda match: regenerate(match, rel(path)), text)
+        if len(OPEN.findall(text)) != len(BLOCK.findall(text)):
+            failed.append(f"{rel(path)}: a `<!-- table: ... -->` line without its `<!-- /table -->`")
+        if write and new != text:
+            path.write_text(new)
+    return stale, failed
+
+
+def main(argv: list[str]) -> int:
+    if argv in (["--check"], ["--write"]):
+        stale, failed = sync(markdown_files(), write=argv == ["--write"])
+        for line in stale:
+            print(line.replace("is out of date", "rewritten") if argv == ["--write"] else line)
+        for line in failed:
+            print(line, file=sys.stderr)
+        return 1 if failed or (stale and argv == ["--check"]) else 0
+    if not argv or argv[0].startswith("-"):
+        print(f"usage: {COMMAND} --check | --write | NAME ARGS\ntables:\n  "
+              + "\n  ".join(usage(name) for name in BUILDERS), file=sys.stderr)
+        return 2
+    try:
+        print(make(argv[0], argv[1:]))
+    except FlashbenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    tables = {"flush": flush_table, "clocks": clocks_table, "adversarial": adversarial_table}
-    if len(sys.argv) != 2 or sys.argv[1] not in tables:
-        sys.exit(f"usage: evidence_tables.py {{{'|'.join(tables)}}}")
-    print(tables[sys.argv[1]]())
+    sys.exit(main(sys.argv[1:]))

@@ -162,6 +162,27 @@ def adversarial_table(traces: list[Trace]) -> str:
     return markdown(["fixture", "workload", "status", "message"], rows)
 
 
+def clock_excess_table(traces: list[Trace], workloads: list[Workload]) -> str:
+    """Per passed pair: the judge's clock above the worker's CUDA events, per call and per batch."""
+    latest = current(traces)
+    rows, per_batch = [], []
+    for workload in timed(workloads, latest):
+        for (solution, uuid), trace in latest.items():
+            if uuid != workload.uuid or trace.performance is None or "judge" not in trace.performance.crosscheck:
+                continue
+            clocks, size = trace.performance.crosscheck, trace.performance.timing["calls_per_batch"]
+            judge, worker = clocks["judge"]["latency_ms"] * 1e3, clocks["worker"]["latency_ms"] * 1e3
+            per_batch.append((judge - worker) * size / 1e3)
+            rows.append([solution, workload.label, size, f"{judge:.1f}", f"{worker:.1f}", f"{judge - worker:.1f}",
+                         f"{per_batch[-1]:.2f}"])
+    table = markdown(["solution", "workload", "calls per batch", "judge (µs)", "worker events (µs)",
+                      "judge above events, per call (µs)", "the same, per batch (ms)"], rows)
+    if not per_batch:
+        return table
+    return table + (f"\n\nPer batch, the judge's clock reads a median {statistics.median(per_batch):.2f} ms above the "
+                    f"worker's events (range {min(per_batch):.2f}-{max(per_batch):.2f} ms) over {len(per_batch)} passed pairs.")
+
+
 def is_peer(trace: Trace) -> bool:
     return trace.solution in PEERS
 
@@ -341,6 +362,12 @@ def build_moved(old_file, new_file):
     return moved_table(old, new, workloads), sources, hardware
 
 
+def build_clock_excess(file):
+    path = path_of(file)
+    traces = read(path)
+    return clock_excess_table(traces, workloads_of(definition_of(traces, path))), [f"`{rel(path)}`"], devices(traces)
+
+
 def build_rejections(*file_or_glob):
     if not file_or_glob:
         raise FlashbenchError(f"usage: {COMMAND} {usage('rejections')}")
@@ -359,7 +386,7 @@ def build_rejections(*file_or_glob):
 
 BUILDERS = {"flush": build_flush, "clocks": build_clocks, "adversarial": build_adversarial, "peers": build_peers,
             "events_graph": build_events_graph, "repeat": build_repeat, "moved": build_moved,
-            "rejections": build_rejections}
+            "rejections": build_rejections, "clock_excess": build_clock_excess}
 
 
 def usage(name: str) -> str:

@@ -155,3 +155,17 @@ def test_one_table_from_the_command_line_and_its_errors(capsys):
     assert capsys.readouterr().err == "error: usage: python benchmarks/evidence_tables.py repeat FILE_A FILE_B\n"
     assert et.main(["rejections", "no/*.jsonl"]) == 2
     assert capsys.readouterr().err == "error: no/*.jsonl: no such file\n"
+
+
+def test_clock_excess_gives_the_judges_excess_per_call_and_per_batch():
+    def timed(solution, workload, judge_ms, worker_ms, calls):
+        trace = make_trace(solution, workload, judge_ms, timing={"method": "events", "calls_per_batch": calls})
+        trace.performance.crosscheck = {"judge": {"latency_ms": judge_ms}, "worker": {"latency_ms": worker_ms}}
+        return trace
+
+    traces = [timed("x", SMALL, 0.05, 0.03, 50), timed("y", LARGE, 0.5, 0.49, 100), make_trace("z", SMALL, 1.0),
+              make_trace("x", LARGE, status="REJECTED"), timed("x", SMOKE, 0.02, 0.01, 10)]
+    table = et.clock_excess_table(traces, WORKLOADS)
+    assert rows(table) == [["x", "small", "50", "50.0", "30.0", "20.0", "1.00"],
+                           ["y", "large", "100", "500.0", "490.0", "10.0", "1.00"]]  # z has no clocks; smoke left out
+    assert last_line(table).startswith("Per batch, the judge's clock reads a median 1.00 ms above")

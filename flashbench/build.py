@@ -1,21 +1,43 @@
-"""Building a solution folder into a callable: Python/Triton by import, CUDA through torch's extension builder.
+"""Building a solution folder into a callable: Python/Triton by import, CUDA through torch's extension builder;
+and reading solution folders.
 
-Runs inside the worker process only: importing a solution executes untrusted code.
+Importing a solution executes untrusted code: load_entry_point runs inside the worker process only. The rest
+(walking, hashing and checking a folder, its dependencies and the CUDA toolchain) also runs in the judge, and
+never imports or executes anything a solution names.
 """
 
 import hashlib
+import importlib.machinery
+import importlib.metadata
 import importlib.util
+import os
+import site
+import stat
 import sys
+import sysconfig
 from pathlib import Path, PurePosixPath
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
+from .errors import FlashbenchError
 from .model import Solution
+from .model.solution import dependency_name
 
 CACHE_DIR_NAME = ".flashbench-cache"
+
+# What the judge reads of one solution folder at most (the largest in solutions/ holds 4 files, 52 KB):
+# a folder past them is refused, not read, so no folder can hang or fill the runner's disk.
+MAX_ENTRIES = 5_000  # files, folders and links
+MAX_FILE_BYTES = 32 << 20
+MAX_TOTAL_BYTES = 128 << 20
 
 
 class BuildError(Exception):
     """The solution's sources failed to compile or import."""
+
+
+class FolderError(FlashbenchError):
+    """A solution folder the judge will not read: a name that is not printable UTF-8, something other than
+    files, folders and links, or more than the limits above."""
 
 
 def content_hash(folder: Path) -> str:
@@ -28,22 +50,122 @@ def content_hash(folder: Path) -> str:
 
 
 def folder_files(folder: Path) -> dict[str, Path]:
-    """Every file under `folder` (links followed, __pycache__ left out), by its path relative to it."""
-    found = {}
-    for path in folder.rglob("*"):
-        relative = path.relative_to(folder)
-        if path.is_file() and "__pycache__" not in relative.parts:
-            found[relative.as_posix()] = path
-    return found
+    """Every file under `folder` (__pycache__ left out), by its path relative to it: see walk_folder."""
+    return {relative: path for relative, path, _ in walk_folder(folder)}
+
+
+def walk_folder(folder: Path) -> Iterator[tuple[str, Path, str | None]]:
+    """(relative path, where to read it, problem) for each file under `folder`, __pycache__ left out: the one
+    walk of an untrusted folder, for its hash, its staged copy and its checks. Sizes come from lstat before
+    anything is read. A link leading to a file inside the folder is that file (read at its real path); any
+    other link (leading out, to a folder, or nowhere) is never followed: it comes with a problem saying why,
+    is hashed as a link (files_hash) and refused before a worker starts (folder_problem). FolderError
+    for anything else that is not a plain file or folder, a name that is not printable UTF-8, or a folder
+    past the limits."""
+    root = Path(os.path.realpath(folder))
+    entries = total = 0
+    pending = [Path(folder)]
+    while pending:
+        directory = pending.pop()
+        try:
+            with os.scandir(directory) as listing:
+                items = sorted(listing, key=lambda item: item.name)
+        except OSError as exc:
+            raise FolderError(f"{_shown(directory)} cannot be listed: {exc.strerror}") from None
+        for item in items:
+            entries += 1
+            if entries > MAX_ENTRIES:
+                raise FolderError(f"the solution folder holds more than {MAX_ENTRIES} files and folders")
+            path = Path(item.path)
+            relative = path.relative_to(folder).as_posix()
+            if not _printable(item.name):
+                raise FolderError(f"{_shown(relative)}: a file name must be printable UTF-8")
+            if item.name == "__pycache__":
+                continue
+            try:
+                info = item.stat(follow_symlinks=False)
+            except OSError as exc:  # gone since it was listed
+                raise FolderError(f"{relative} cannot be read: {exc.strerror}") from None
+            if stat.S_ISDIR(info.st_mode):
+                pending.append(path)
+                continue
+            problem = None
+            if stat.S_ISLNK(info.st_mode):
+                path, info, problem = _follow_link(path, root, relative)
+            if problem:
+                yield relative, path, problem
+                continue
+            if not stat.S_ISREG(info.st_mode):  # a fifo, a socket, a device: reading could block or never end
+                raise FolderError(f"{relative} is not a regular file")
+            if info.st_size > MAX_FILE_BYTES:
+                raise FolderError(f"{relative} is {info.st_size} bytes; a file may have {MAX_FILE_BYTES >> 20} MiB")
+            total += info.st_size
+            if total > MAX_TOTAL_BYTES:
+                raise FolderError(f"the solution folder's files are over the {MAX_TOTAL_BYTES >> 20} MiB they may have")
+            yield relative, path, None
+
+
+def _follow_link(link: Path, root: Path, relative: str) -> tuple[Path, os.stat_result | None, str | None]:
+    """(the file a link leads to, its stat, None) when that is a file inside `root`; else (the link, None,
+    why it is refused)."""
+    try:
+        target = Path(os.path.realpath(link))  # as far as it resolves: a loop is left unresolved, inside
+        if not target.is_relative_to(root):
+            return link, None, f"{relative} is a link to {_shown(target)}, outside the solution folder"
+        info = os.stat(target)
+    except OSError as exc:  # a loop, or a link to nothing
+        return link, None, f"{relative} is a link that leads nowhere ({exc.strerror})"
+    if not stat.S_ISREG(info.st_mode):
+        return link, None, f"{relative} is a link to {_shown(target)}, which is not a file"
+    return target, info, None
+
+
+def _printable(name: str) -> bool:
+    """Valid UTF-8 (Python decodes other bytes to lone surrogates) and no control characters: every name
+    the judge hashes and shows in one-line messages."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return name.isprintable()
+
+
+def _shown(path: object) -> str:
+    text = str(path)
+    return text if _printable(text) else ascii(text)
+
+
+def read_file(path: Path) -> bytes:
+    """A regular file's bytes, at most MAX_FILE_BYTES: opened without following a link or blocking (the folder
+    may change after its walk), so no path can make the judge read a device, a fifo or /proc."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise FolderError(f"{_shown(path.name)} cannot be read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FolderError(f"{_shown(path.name)} is not a regular file")
+        data = file.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise FolderError(f"{_shown(path.name)} is over the {MAX_FILE_BYTES >> 20} MiB a file may have")
+    return data
+
+
+_REFUSED_LINK = b"\0a link walk_folder refuses\0"  # what such a link counts as in the hash
 
 
 def files_hash(files: Mapping[str, Path]) -> str:
-    """content_hash of the files a solution loads, by the relative path each has where it is loaded."""
+    """content_hash of the files a solution loads, by the relative path each has where it is loaded. A link
+    walk_folder refuses to follow is never read: it counts as a link, wherever it leads (its solution never
+    runs; staging rewrites where it leads, and the hash must stay the same)."""
     digest = hashlib.sha256()
     for relative in sorted(files, key=lambda name: PurePosixPath(name).parts):
         if not is_documentation(relative):
-            digest.update(relative.encode() + b"\0" + files[relative].read_bytes() + b"\0")
+            path = files[relative]
+            data = _REFUSED_LINK if path.is_symlink() else read_file(path)
+            digest.update(relative.encode() + b"\0" + data + b"\0")
     return digest.hexdigest()[:16]
+
 
 
 def is_documentation(relative: str) -> bool:
@@ -54,29 +176,65 @@ def is_documentation(relative: str) -> bool:
 def folder_problem(folder: Path, solution: Solution) -> str | None:
     """Why a folder cannot be run as it is: everything loaded from it must lie inside it (no link
     leading out), so the content hash covers all the code that runs."""
-    root = folder.resolve()
-    for path in sorted(folder.rglob("*")):
-        if path.is_symlink() and not path.resolve().is_relative_to(root):
-            return f"{path.relative_to(folder)} is a link to {path.resolve()}, outside the solution folder"
+    try:
+        walked = list(walk_folder(folder))
+    except FolderError as exc:
+        return exc.message
+    problem = next((problem for _, _, problem in walked if problem), None)
+    if problem:
+        return problem
+    files = {relative for relative, _, _ in walked}
     for name in [solution.entry_file, *solution.sources]:
-        if not (folder / name).resolve().is_relative_to(root):
-            return f"{name} resolves outside the solution folder"
-        if not (folder / name).is_file():
+        if PurePosixPath(name).as_posix() not in files:
             return f"{name} does not exist in the solution folder"
     return None
 
 
 def missing_dependencies(solution: Solution) -> list[str]:
-    """Declared packages that cannot be imported here (found without importing them)."""
+    """Declared packages that are not installed here, found without importing anything: a dependency is a
+    top-level name (the Solution model refuses dots and paths), looked up as an installed distribution or a
+    top-level module, and only in the interpreter's own library folders, so neither the working directory
+    nor a solutions/ tree can answer for it."""
+    places = _library_folders()
     missing = []
     for dependency in solution.dependencies:
-        name = dependency.split("==")[0].split(">=")[0].strip().replace("-", "_")
-        try:
-            if importlib.util.find_spec(name) is None:
-                missing.append(dependency)
-        except (ImportError, ValueError):
+        name = dependency_name(dependency)
+        if name is None or not _installed(name, places):  # None: a model built without validation
             missing.append(dependency)
     return missing
+
+
+def _library_folders() -> list[str]:
+    """The entries of sys.path inside the standard library's or a site-packages folder: not '' (the working
+    directory), nor a folder an editable install or PYTHONPATH added (a repository, with its solutions/)."""
+    paths = sysconfig.get_paths()
+    roots = {paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"], *site.getsitepackages()}
+    if site.ENABLE_USER_SITE:
+        roots.add(site.getusersitepackages())
+    resolved = [Path(root).resolve() for root in roots]
+    return [entry for entry in sys.path if entry and any(Path(entry).resolve().is_relative_to(r) for r in resolved)]
+
+
+def _installed(name: str, places: list[str]) -> bool:
+    """A distribution's metadata or a top-level module's file: finding either runs no code (a top-level spec is
+    located, not loaded; a dotted name would import its parents)."""
+    if next(iter(importlib.metadata.distributions(name=name, path=places)), None) is not None:
+        return True
+    return importlib.machinery.PathFinder.find_spec(name.replace("-", "_"), places) is not None
+
+
+def missing_toolchain() -> str | None:
+    """What a CUDA build needs and this machine lacks (nvcc, ninja), found as torch's extension builder finds
+    them: the judge's own check, so that only it, never a build failure a worker reports, can say a pair
+    failed for the machine's sake (run/resume.py)."""
+    from torch.utils import cpp_extension
+
+    home = cpp_extension.CUDA_HOME
+    if home is None or not os.access(Path(home) / "bin" / "nvcc", os.X_OK):
+        return "nvcc (no CUDA toolkit found; set CUDA_HOME)"
+    if not cpp_extension.is_ninja_available():
+        return "ninja"
+    return None
 
 
 def load_entry_point(folder: Path, solution: Solution, cache_dir: Path) -> Callable:

@@ -10,7 +10,8 @@ import torch
 import yaml
 
 from flashbench import BindingError, FlashbenchError, Repo, bind_axes
-from flashbench.model import Definition, load_model
+from flashbench.model import Definition, Solution, load_model
+from flashbench.model.solution import dependency_name
 from flashbench.registry import load_definition_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -325,3 +326,36 @@ def test_embedded_reference_that_fails_names_the_field(tmp_path):
         load_definition_file(path, tmp_path)
     assert info.value.file == str(path) and info.value.field == "reference"
     assert "no GPU here" in info.value.message
+
+
+
+# solution.yaml's dependencies: package names the judge looks up without importing them.
+
+SOLUTION_MANIFEST = {"name": "s", "definition": DECODE, "author": "a", "language": "python",
+                     "entry_point": "kernel.py::run"}
+
+
+def write_solution(tmp_path: Path, dependencies: list[str]) -> Path:
+    path = tmp_path / "solution.yaml"
+    path.write_text(yaml.safe_dump({**SOLUTION_MANIFEST, "dependencies": dependencies}))
+    return path
+
+
+@pytest.mark.parametrize("dependency, name", [
+    ("torch", "torch"), ("flash-mla", "flash-mla"), ("torch>=2.4", "torch"), ("triton == 3.1.0", "triton"),
+    ("flashinfer-python >= 0.2, < 0.3", "flashinfer-python")])
+def test_a_dependency_is_a_package_name_with_an_optional_version(tmp_path, dependency, name):
+    solution = load_model(Solution, write_solution(tmp_path, [dependency]))
+    assert dependency_name(solution.dependencies[0]) == name
+
+
+@pytest.mark.parametrize("dependency", [
+    "solutions.mla_paged_decode_h16_ckv512_kpe64_ps1.evil.x",  # find_spec imported the parents: code in the judge
+    "os.path", "../kernel", "/tmp/x", "kernel.py", "torch; import os", "", ".hidden"])
+def test_a_dependency_that_is_not_a_top_level_name_is_refused_with_one_line(tmp_path, dependency):
+    path = write_solution(tmp_path, ["torch", dependency])
+    with pytest.raises(FlashbenchError) as refused:
+        load_model(Solution, path)
+    expected = f"{path}: dependencies: {dependency!r} must be the name of an installed package"
+    assert str(refused.value).startswith(expected)
+    assert "\n" not in str(refused.value)

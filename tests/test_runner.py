@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from conftest import copy_repo
 
 from flashbench import FlashbenchError, Repo
-from flashbench.build import CACHE_DIR_NAME
+from flashbench.build import CACHE_DIR_NAME, MAX_FILE_BYTES
 from flashbench.cli import main
 from flashbench.run import RunOptions, Runner, jobs, select_solutions, select_workloads
 from flashbench.run.jobs import JobJudge, JudgeConfig
@@ -179,6 +179,48 @@ def test_only_the_files_the_hash_covers_can_run(repo_copy, shared_cache, tmp_pat
     by_name = {t.solution: t for t in result.traces}
     assert by_name["correct_dps"].status == "PASSED"  # its source ran, not the bytecode beside it
     assert by_name["notes"].status == "INVALID_SOLUTION" and "FileNotFoundError" in by_name["notes"].message
+
+
+def test_folders_the_judge_will_not_read_are_invalid_and_the_run_goes_on(repo_copy, shared_cache, tmp_path):
+    """A red team's folders crashed or hung the runner while it staged them, with every other solution of
+    the run: a 64 GiB sparse file (copied densely; here twice the limit), a fifo, a name that is not UTF-8, a
+    link loop."""
+    made = {}
+    for name in ("sparse", "fifo", "bad_name", "loop"):
+        made[name] = standalone_copy("correct_dps", tmp_path / name)
+        manifest = made[name] / "solution.yaml"
+        manifest.write_text(manifest.read_text().replace("name: correct_dps", f"name: {name}"))
+    with open(made["sparse"] / "weights.bin", "wb") as file:
+        file.truncate(2 * MAX_FILE_BYTES)
+    os.mkfifo(made["fifo"] / "pipe")
+    open(os.fsencode(made["bad_name"]) + b"/\xff.py", "wb").close()
+    (made["loop"] / "loop").symlink_to("loop")
+    paths = [*made.values(), FIXTURES / "correct_dps"]
+    result = run_solutions(repo_copy, shared_cache, tmp_path, paths, workloads=["smoke_mixed"])
+    assert [(t.solution, t.status) for t in result.traces] == [(name, "INVALID_SOLUTION") for name in made] + [
+        ("correct_dps", "PASSED")]
+    assert [t.message for t in result.traces[:4]] == [
+        f"weights.bin is {2 * MAX_FILE_BYTES} bytes; a file may have 32 MiB", "pipe is not a regular file",
+        "'\\udcff.py': a file name must be printable UTF-8",
+        "loop is a link that leads nowhere (Too many levels of symbolic links)"]
+    assert not list((shared_cache / "solutions").glob(".staging-*"))
+
+
+def test_a_cuda_solution_without_its_toolchain_is_the_judges_missing_dependency(tmp_path, monkeypatch):
+    """The judge checks nvcc itself: then a build failure a worker reports never has to be believed
+    (run/resume.py runs only MISSING_DEPENDENCY again)."""
+    from torch.utils import cpp_extension
+
+    from flashbench.model import Solution
+    from flashbench.run.plan import Candidate
+
+    (tmp_path / "kernel.cu").write_text("// kernel\n")
+    solution = Solution(name="k", definition=DEFINITION, author="a", language="cuda", entry_point="kernel.cu::run")
+    monkeypatch.setattr(jobs.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    failure = jobs._failure_before_start(Candidate(tmp_path, solution, "h"))
+    assert (failure.status, failure.message) == ("MISSING_DEPENDENCY",
+                                                 "a CUDA solution needs nvcc (no CUDA toolkit found; set CUDA_HOME)")
 
 
 def test_hang_times_out_and_the_run_goes_on(repo_copy, shared_cache, tmp_path):

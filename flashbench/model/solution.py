@@ -9,6 +9,16 @@ from .definition import Strict
 
 SHARED_FOLDER = "_shared"  # solutions/_shared/<name>/: files that several solution folders use
 _SHARED_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # one folder name: no path, no '.' or '..'
+# A dependency: a top-level distribution or module name (no '.': the judge looks it up without importing, and
+# a dotted name would import its parents), optionally with version clauses (recorded, not checked).
+_VERSION_CLAUSE = r"(?:==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!]+"
+_DEPENDENCY = re.compile(rf"([A-Za-z0-9][A-Za-z0-9_-]*)\s*(?:{_VERSION_CLAUSE}(?:\s*,\s*{_VERSION_CLAUSE})*)?")
+
+
+def dependency_name(dependency: str) -> str | None:
+    """The package name of a dependency ('torch>=2.4' -> 'torch'); None for one the Solution model refuses."""
+    match = _DEPENDENCY.fullmatch(dependency)
+    return match[1] if match else None
 
 
 class Solution(Strict):
@@ -22,7 +32,9 @@ class Solution(Strict):
         True, description="true: outputs are pre-allocated and passed last; false: returned"
     )
     target_hardware: list[str] = []
-    dependencies: list[str] = Field([], description="importable packages the solution needs")
+    dependencies: list[str] = Field([], description=(
+        "installed packages the solution needs: top-level distribution or module names (no '.', no path), "
+        "each optionally with a version, e.g. 'torch>=2.4'"))
     binding: Literal["torch", "tvm-ffi"] | None = Field(
         None, description="CUDA only: how the module is bound (tvm-ffi is recorded, not built yet)"
     )
@@ -44,6 +56,14 @@ class Solution(Strict):
         for field, path in [("entry_point", self.entry_file)] + [("sources", source) for source in self.sources]:
             if path.startswith(("/", "\\")) or ".." in path.replace("\\", "/").split("/"):
                 raise ValueError(f"{field}: {path!r} must be a path inside the solution folder (no absolute path, no '..')")
+        return self
+
+    @model_validator(mode="after")
+    def _dependencies_are_package_names(self):
+        for dependency in self.dependencies:
+            if not _DEPENDENCY.fullmatch(dependency):
+                raise ValueError(f"dependencies: {dependency!r} must be the name of an installed package (letters, "
+                                 "digits, '_', '-'; no '.', no path), optionally with a version such as '>=2.4'")
         return self
 
     @model_validator(mode="after")

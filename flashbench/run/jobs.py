@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..build import CACHE_DIR_NAME, folder_problem, missing_dependencies
+from ..build import CACHE_DIR_NAME, folder_problem, missing_dependencies, missing_toolchain
 from ..environment import describe_environment
 from ..model import Definition, Workload
 from ..reference import load_reference
@@ -103,7 +103,7 @@ class JobJudge:
         if isinstance(probe, Failed):
             worker.close()
             raise DeviceUnusable(f"the device check failed: {probe.message}")
-        failure = self._build(worker)
+        failure = self._build(worker, candidate)
         if failure is None:
             return worker
         worker.close()
@@ -111,12 +111,18 @@ class JobJudge:
             self._failures.setdefault((str(candidate.folder), candidate.hash), failure)
         return None
 
-    def _build(self, worker: WorkerProcess) -> JobOutcome | None:
+    def _build(self, worker: WorkerProcess, candidate: Candidate) -> JobOutcome | None:
         try:
             built = worker.ask(Build(), self.options.timeout)
         except WorkerGone as gone:
             return JobOutcome(status=gone.status, message=f"build: {gone.message}", log=gone.log, worker_usable=False)
         if isinstance(built, Failed):
+            # What the worker's handler answers a failed import or CUDA build, or an exception: a status of
+            # another phase is a claim the worker has no business making (a DEVICE_ERROR is no trace status).
+            failed_build = "COMPILE_ERROR" if candidate.solution.language == "cuda" else "INVALID_SOLUTION"
+            if built.status not in (failed_build, "RUNTIME_ERROR"):
+                return JobOutcome(status="REJECTED", message=f"its build reported {built.status}, which no build "
+                                  f"gives: {built.message}"[:2000], log=worker.log_tail(), worker_usable=False)
             return JobOutcome(status=built.status, message=built.message, log=worker.log_tail(), worker_usable=False)
         if worker.leftovers():
             return JobOutcome(status="REJECTED", message="left processes running after its import; they were killed",
@@ -176,12 +182,18 @@ class JobJudge:
 
 
 def _failure_before_start(candidate: Candidate) -> JobOutcome | None:
-    problem = folder_problem(candidate.folder, candidate.solution)
+    """The judge's own checks, before any worker starts. MISSING_DEPENDENCY comes only from here (no worker can
+    report it: protocol.FailureStatus), so --resume may run such a pair again (run/resume.py)."""
+    problem = candidate.problem or folder_problem(candidate.folder, candidate.solution)
     if problem:
         return JobOutcome(status="INVALID_SOLUTION", message=problem)
     missing = missing_dependencies(candidate.solution)
     if missing:
         return JobOutcome(status="MISSING_DEPENDENCY", message=f"not installed: {', '.join(missing)}")
-    if candidate.solution.language == "cuda" and not torch.cuda.is_available():
-        return JobOutcome(status="MISSING_DEPENDENCY", message="a CUDA solution needs a CUDA device")
+    if candidate.solution.language == "cuda":
+        if not torch.cuda.is_available():
+            return JobOutcome(status="MISSING_DEPENDENCY", message="a CUDA solution needs a CUDA device")
+        lacking = missing_toolchain()
+        if lacking:
+            return JobOutcome(status="MISSING_DEPENDENCY", message=f"a CUDA solution needs {lacking}")
     return None

@@ -1,12 +1,13 @@
 """What a run does: which solutions on which workloads, as jobs."""
 
 import hashlib
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..build import CACHE_DIR_NAME, content_hash, is_documentation
+from ..build import CACHE_DIR_NAME, FolderError, content_hash, is_documentation, read_file, walk_folder
 from ..errors import FlashbenchError
 from ..model import REFERENCE, Definition, Solution, Workload
 from ..model.solution import SHARED_FOLDER
@@ -19,6 +20,7 @@ class Candidate:
     folder: Path
     solution: Solution
     hash: str
+    problem: str | None = None  # why its folder could not be read and staged: then it runs no job (INVALID_SOLUTION)
 
 
 @dataclass
@@ -81,7 +83,18 @@ def select_solutions(repo: Repo, definition: str, selectors: list[str], cache_di
 
 def candidates(repo: Repo, definition: Definition, folders: list[SolutionFolder], cache_dir: Path) -> list[Candidate]:
     """The reference first, then the folders, each keyed by the hash of its content."""
-    return [reference_candidate(repo, definition, cache_dir)] + [solution_candidate(f, cache_dir) for f in folders]
+    return [reference_candidate(repo, definition, cache_dir)] + [_candidate(f, cache_dir) for f in folders]
+
+
+def _candidate(folder: SolutionFolder, cache_dir: Path) -> Candidate:
+    """solution_candidate, or for a folder the judge will not read (build.walk_folder) a candidate that carries
+    why: it gets INVALID_SOLUTION and the run goes on with the others. Its hash stands for the folder's name
+    and problem, so --resume keeps its trace until either changes."""
+    try:
+        return solution_candidate(folder, cache_dir)
+    except FolderError as exc:
+        digest = hashlib.sha256(f"{folder.solution.name}\0{exc.message}".encode()).hexdigest()[:16]
+        return Candidate(folder.path, folder.solution, digest, problem=exc.message)
 
 
 def solution_candidate(folder: SolutionFolder, cache_dir: Path) -> Candidate:
@@ -96,46 +109,57 @@ def stage_solution(folder: SolutionFolder, into: Path) -> Path:
     """Copies every file of the solution, its shared folders' included, into one folder, into/<content
     hash>, and returns it: the sandbox lets the worker read that folder alone, and imports and #includes
     find the files side by side, at the paths they are hashed by. A folder staged before is used again
-    while its content is still what its name says."""
+    while its content is still what its name says. FolderError for a folder the judge will not read;
+    the staging folder is removed whatever happens."""
     into.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=into))
-    staging.chmod(0o755)  # as any folder the runner makes, not mkdtemp's owner-only mode
-    for source in folder.folders:
-        _copy_into(source, staging)
-    target = into / content_hash(staging)
-    if _is_staged(target):
-        shutil.rmtree(staging)
-        return target
-    shutil.rmtree(target, ignore_errors=True)
     try:
-        staging.rename(target)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not _is_staged(target):  # else another run staged the same content meanwhile
-            raise
-    return target
+        staging.chmod(0o755)  # as any folder the runner makes, not mkdtemp's owner-only mode
+        for source in folder.folders:
+            _copy_into(source, staging)
+        target = into / content_hash(staging)
+        if _is_staged(target):
+            return target
+        shutil.rmtree(target, ignore_errors=True)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not _is_staged(target):  # else another run staged the same content meanwhile
+                raise
+        return target
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already once renamed
 
 
 def _is_staged(target: Path) -> bool:
-    return target.is_dir() and content_hash(target) == target.name
+    try:
+        return target.is_dir() and content_hash(target) == target.name
+    except FolderError:  # changed since it was staged: staged afresh
+        return False
 
 
-def _copy_into(source: Path, staging: Path) -> None:
-    """The files of `source` that the content hash covers (no __pycache__, no documentation), except
-    that a link leading out of it stays a link (to where it leads), so that the worker's folder check
-    refuses it as it would in the solution folder itself."""
-    inside = source.resolve()
-    for path in sorted(source.rglob("*")):
-        relative = path.relative_to(source)
-        if "__pycache__" in relative.parts or is_documentation(relative.as_posix()):
+def _copy_into(source: Path, staging: Path, documentation: bool = False) -> None:
+    """The files of `source` that the content hash covers (no __pycache__, no documentation unless asked
+    for), found by build.walk_folder and read within its limits, except that a link it refuses to follow
+    stays a link (to where it leads), so that the worker's folder check refuses it as it would in the
+    solution folder itself."""
+    staging.mkdir(parents=True, exist_ok=True)
+    for relative, path, problem in walk_folder(source):
+        if is_documentation(relative) and not documentation:
             continue
         target = staging / relative
-        if not path.resolve().is_relative_to(inside):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.symlink_to(path.resolve())
-        elif path.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if problem:
+            target.symlink_to(_kept_link(path, source))
+        else:
+            target.write_bytes(read_file(path))
+
+
+def _kept_link(link: Path, source: Path) -> str:
+    """Where a link walk_folder refuses leads in the copy: its own text while it resolves inside `source` (a
+    loop, a link to a folder or to nothing stays one), else where it leads (so out of the copy too)."""
+    leads_to = os.path.realpath(link)
+    return os.readlink(link) if Path(leads_to).is_relative_to(os.path.realpath(source)) else leads_to
 
 
 def reference_candidate(repo: Repo, definition: Definition, cache_dir: Path) -> Candidate:
@@ -164,10 +188,10 @@ def install_solution(repo: Repo, folder: Path) -> Path:
     if target.resolve() == folder.resolve():
         return target
     for shared, shared_target in _shared_to_install(repo, loaded):
-        shutil.copytree(shared, shared_target, ignore=shutil.ignore_patterns("__pycache__"))
+        _copy_into(shared, shared_target, documentation=True)
     if target.exists():
         shutil.rmtree(target)
-    shutil.copytree(folder, target, ignore=shutil.ignore_patterns("__pycache__"))
+    _copy_into(folder, target, documentation=True)
     return target
 
 

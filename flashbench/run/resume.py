@@ -1,32 +1,15 @@
-"""Which recorded results `--resume` skips: those that say something about the solution. An outcome
-that came from the machine it ran on (a package, a GPU or a compiler missing there) is run again."""
-
-import re
+"""Which recorded results `--resume` skips: all but MISSING_DEPENDENCY, the one failure that says the
+machine, not the solution, was at fault. Only the judge writes it, from its own checks before any worker
+starts (run/jobs.py _failure_before_start: a package, a CUDA device, nvcc or ninja missing here); a worker
+cannot report it (protocol.FailureStatus). Whatever a worker reports, a COMPILE_ERROR naming a missing
+nvcc included, is the solution's and stays recorded: were it believed, a solution could void every run
+it did not like and keep its best attempt."""
 
 from ..model import Trace
 
-# Build failures that name a missing tool rather than a fault in the sources: the phrases
-# torch.utils.cpp_extension, the shell and the runner use when CUDA, nvcc or ninja is absent.
-MISSING_TOOLCHAIN = re.compile(
-    r"needs a CUDA device"
-    r"|CUDA_HOME environment variable is not set"
-    r"|CUDA was not found on the system"
-    r"|Torch not compiled with CUDA enabled"
-    r"|Found no NVIDIA driver"
-    r"|\bnvcc(?::\s*(?:command\s+)?not found| not found at)"
-    r"|No such file or directory: '[^']*/nvcc'"
-    r"|Ninja is required",
-    re.IGNORECASE,
-)
-
-BUILD_FAILURES = ("COMPILE_ERROR", "INVALID_SOLUTION")
+RUN_AGAIN = "MISSING_DEPENDENCY"
 
 
 def settled(trace: Trace) -> bool:
-    """Whether a recorded trace counts as done for `--resume`. Timeouts and crashes are the
-    solution's and stay settled."""
-    if trace.status == "MISSING_DEPENDENCY":
-        return False
-    if trace.status in BUILD_FAILURES:
-        return not MISSING_TOOLCHAIN.search(trace.message)
-    return True
+    """Whether a recorded trace counts as done for `--resume`."""
+    return trace.status != RUN_AGAIN

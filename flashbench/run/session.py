@@ -143,8 +143,7 @@ class Session:
         if isinstance(reply, Failed):
             if arena:
                 arena.close()
-            raise _Stop(JobOutcome(status=reply.status, message=reply.message, log=worker.log_tail(),
-                                   worker_usable=not on_gpu))
+            raise reported_failure(reply, worker.log_tail(), worker_usable=not on_gpu)
         if not on_gpu:
             return arena
         if not isinstance(reply, Opened):
@@ -155,6 +154,18 @@ class Session:
         except (ValueError, RuntimeError) as exc:
             raise _Stop(JobOutcome(status="REJECTED", message=f"the worker's arena cannot be used: {exc}",
                                    log=worker.log_tail(), worker_usable=False)) from None
+
+
+# What a worker may report of its own failure once a job is open: its call failed, or its outputs are
+# malformed. Anything else (a build or device failure) is a claim it has no business making there.
+JOB_FAILURES = frozenset({"INCORRECT_SHAPE", "INCORRECT_DTYPE", "RUNTIME_ERROR", "REJECTED"})
+
+
+def reported_failure(reply: Failed, log: str, worker_usable: bool) -> "_Stop":
+    if reply.status not in JOB_FAILURES:
+        return _Stop(JobOutcome(status="REJECTED", log=log, worker_usable=False,
+                                message=f"the worker reported {reply.status} in the middle of a job"))
+    return _Stop(JobOutcome(status=reply.status, message=reply.message, log=log, worker_usable=worker_usable))
 
 
 class _Stop(Exception):
@@ -254,8 +265,7 @@ class _Job:
         _synchronize(self.session.device)
         reply, elapsed_ms = self.worker.timed_ask(batch, self.settings.timeout)
         if isinstance(reply, Failed):
-            raise _Stop(JobOutcome(status=reply.status, message=reply.message, log=self.worker.log_tail(),
-                                   worker_usable=self.session.device == "cpu"))
+            raise reported_failure(reply, self.worker.log_tail(), worker_usable=self.session.device == "cpu")
         if not isinstance(reply, BatchDone) or len(reply.event_ms) != len(calls):
             raise _Stop(self.rejected("the worker's reply does not match the batch it was sent"))
         for k, label in picked.items():  # copies taken now: nothing written later counts

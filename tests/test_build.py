@@ -1,0 +1,137 @@
+"""flashbench/build.py in the judge: the bounded walk of an untrusted solution folder (for its hash, its
+staged copy and its checks), and the dependency and toolchain checks, which never import what a solution
+names. (Building and importing, in the worker, are tested through the runner: tests/test_runner.py.)"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from flashbench import build
+from flashbench.build import FolderError, content_hash, folder_files, folder_problem, missing_dependencies, read_file
+from flashbench.model import Solution
+
+KERNEL = "def run(x):\n    return x\n"
+
+
+def solution(**fields) -> Solution:
+    return Solution(**{"name": "s", "definition": "d", "author": "a", "language": "python",
+                       "entry_point": "kernel.py::run", **fields})
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    path = tmp_path / "folder"
+    (path / "sub").mkdir(parents=True)
+    (path / "kernel.py").write_text(KERNEL)
+    (path / "sub" / "util.py").write_text("K = 1\n")
+    return path
+
+
+def refusal(path: Path) -> str:
+    with pytest.raises(FolderError) as refused:
+        content_hash(path)
+    message = refused.value.message
+    assert "\n" not in message and folder_problem(path, solution()) == message
+    return message
+
+
+def test_a_plain_folder_is_walked_and_checked(folder):
+    assert folder_files(folder) == {"kernel.py": folder / "kernel.py", "sub/util.py": folder / "sub" / "util.py"}
+    assert folder_problem(folder, solution()) is None
+    assert "kernel.cu does not exist" in folder_problem(folder, solution(entry_point="kernel.cu::run"))
+
+
+def test_a_huge_sparse_file_is_refused_by_its_size_before_it_is_read(folder, monkeypatch):
+    with open(folder / "weights.bin", "wb") as file:
+        file.truncate(2 * build.MAX_FILE_BYTES)  # sparse: no disk, and reading it would be 64 MiB of zeros
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("a file was read whole"))
+    assert refusal(folder) == f"weights.bin is {2 * build.MAX_FILE_BYTES} bytes; a file may have 32 MiB"
+
+
+def test_the_total_and_the_number_of_entries_are_bounded(folder, monkeypatch):
+    monkeypatch.setattr(build, "MAX_TOTAL_BYTES", len(KERNEL) + 2)
+    assert "over the 0 MiB they may have" in refusal(folder)
+    monkeypatch.setattr(build, "MAX_TOTAL_BYTES", 1 << 20)
+    monkeypatch.setattr(build, "MAX_ENTRIES", 2)  # kernel.py, sub/, sub/util.py
+    assert refusal(folder) == "the solution folder holds more than 2 files and folders"
+
+
+@pytest.mark.parametrize("name", [b"\xff\xfe.py", b"new\nline.py"])
+def test_a_name_that_is_not_printable_utf8_is_refused(folder, name):
+    open(os.fsencode(folder / "sub") + b"/" + name, "wb").close()  # the bytes as they are, not encoded from a str
+    message = refusal(folder)
+    assert message.startswith("'sub/") and message.endswith("a file name must be printable UTF-8")
+    message.encode()  # shown escaped: the message itself is valid UTF-8 for the trace
+
+
+def test_a_fifo_is_refused_without_opening_it(folder):
+    os.mkfifo(folder / "sub" / "pipe")
+    assert refusal(folder) == "sub/pipe is not a regular file"
+
+
+def test_a_link_loop_is_refused_not_followed(folder):
+    (folder / "loop").symlink_to("loop")
+    assert folder_problem(folder, solution()) == "loop is a link that leads nowhere (Too many levels of symbolic links)"
+    content_hash(folder)  # hashed as a link: the walk itself does not fail
+
+
+def test_a_link_out_of_the_folder_is_never_read(folder, monkeypatch):
+    (folder / "table.bin").symlink_to("/proc/self/pagemap")
+    before = content_hash(folder)  # read, the link would fail with EINVAL
+    assert folder_problem(folder, solution()).startswith("table.bin is a link to /proc/")
+    assert folder_problem(folder, solution()).endswith(", outside the solution folder")
+    (folder / "table.bin").unlink()
+    (folder / "table.bin").symlink_to("/dev/zero")  # where it leads does not count: it never runs
+    assert content_hash(folder) == before
+    (folder / "table.bin").unlink()
+    (folder / "table.bin").symlink_to("../nowhere/table.bin")  # leading out, to nothing: still out
+    assert folder_problem(folder, solution()) == f"table.bin is a link to {folder.parent}/nowhere/table.bin, " \
+                                                 "outside the solution folder"
+
+
+def test_a_link_to_a_file_inside_is_that_file_and_a_link_to_a_folder_is_refused(folder):
+    (folder / "alias.py").symlink_to("sub/util.py")
+    assert folder_files(folder)["alias.py"] == (folder / "sub" / "util.py").resolve()
+    assert folder_problem(folder, solution(entry_point="alias.py::run")) is None
+    (folder / "tree").symlink_to("sub")
+    assert folder_problem(folder, solution()).endswith("/sub, which is not a file")
+
+
+def test_read_file_follows_no_link_and_opens_no_fifo(folder):
+    (folder / "alias.py").symlink_to("kernel.py")
+    os.mkfifo(folder / "pipe")
+    assert read_file(folder / "kernel.py") == KERNEL.encode()
+    with pytest.raises(FolderError, match="alias.py cannot be read"):
+        read_file(folder / "alias.py")
+    with pytest.raises(FolderError, match="pipe is not a regular file"):
+        read_file(folder / "pipe")  # returns at once: opened without blocking
+
+
+# Dependencies: decided without importing anything a solution names.
+
+def test_dependencies_are_found_in_the_interpreters_library_folders():
+    assert missing_dependencies(solution(dependencies=["torch>=2.0", "PyYAML", "json", "no_such_package_xyz"])) \
+        == ["no_such_package_xyz"]
+
+
+def test_a_package_in_the_working_directory_does_not_count_and_is_never_imported(tmp_path, monkeypatch):
+    """The runner's sys.path starts with its working directory, where a repository's solutions/ lies; a red
+    team's dotted dependency made find_spec import the solution folder's __init__.py in the judge."""
+    package = tmp_path / "planted_package_xyz"
+    package.mkdir()
+    (package / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", str(tmp_path), *sys.path])
+    assert missing_dependencies(solution(dependencies=["planted_package_xyz"])) == ["planted_package_xyz"]
+    dotted = Solution.model_construct(**solution().model_dump() | {"dependencies": ["planted_package_xyz.sub"]})
+    assert missing_dependencies(dotted) == ["planted_package_xyz.sub"]  # a manifest the model would refuse
+    assert not (tmp_path / "ran").exists() and "planted_package_xyz" not in sys.modules
+
+
+def test_a_missing_cuda_toolchain_is_found_by_the_judge(monkeypatch):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    assert build.missing_toolchain().startswith("nvcc")

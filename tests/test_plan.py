@@ -1,0 +1,94 @@
+"""flashbench/run/plan.py: staging a solution folder for its worker. A folder the judge will not read
+(build.walk_folder) becomes a candidate that carries why, so the run goes on, and no staging folder is
+left behind on any path. (Selecting workloads and solutions: tests/test_runner.py; staging with shared
+folders: tests/test_registry.py.)"""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from flashbench import Repo
+from flashbench.build import MAX_FILE_BYTES, FolderError, content_hash
+from flashbench.registry import load_solution_folder
+from flashbench.run import RunOptions, Runner
+from flashbench.run.plan import install_solution, stage_solution
+
+REPO = Path(__file__).resolve().parents[1]
+DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
+CORRECT = Path(__file__).parent / "fixtures" / "solutions" / DEFINITION / "correct_dps"
+
+
+def solution_folder(path: Path, name: str) -> Path:
+    """correct_dps as a folder of its own (its shared files copied in), named `name`."""
+    path.mkdir(parents=True)
+    for item in [*CORRECT.iterdir(), *(CORRECT.parent.parent / "_shared" / "decode_support").iterdir()]:
+        shutil.copy(item, path / item.name)
+    manifest = (path / "solution.yaml").read_text().replace("shared: [decode_support]\n", "")
+    (path / "solution.yaml").write_text(manifest.replace("name: correct_dps", f"name: {name}"))
+    return path
+
+
+def sparse_file(path: Path) -> None:
+    with open(path / "weights.bin", "wb") as file:
+        file.truncate(2 * MAX_FILE_BYTES)  # no disk: copied, it would write all of it
+
+
+def bad_name(path: Path) -> None:
+    open(os.fsencode(path) + b"/\xff\xfe.py", "wb").close()
+
+
+def fifo(path: Path) -> None:
+    os.mkfifo(path / "pipe")
+
+
+# What each unreadable folder gets, and the start of the reason it gets.
+UNREADABLE = {"sparse": (sparse_file, "weights.bin is "), "bad_name": (bad_name, "'\\udcff\\udcfe.py': "),
+              "fifo": (fifo, "pipe is not a regular file")}
+
+
+@pytest.mark.parametrize("kind", UNREADABLE)
+def test_an_unreadable_folder_is_not_staged_and_leaves_nothing(tmp_path, kind):
+    make, reason = UNREADABLE[kind]
+    path = solution_folder(tmp_path / kind, kind)
+    make(path)
+    with pytest.raises(FolderError) as refused:
+        stage_solution(load_solution_folder(path), tmp_path / "staged")
+    assert refused.value.message.startswith(reason)
+    assert list((tmp_path / "staged").iterdir()) == []  # no .staging-* folder left
+
+
+def test_the_runner_gives_unreadable_folders_a_problem_and_stages_the_others(tmp_path):
+    folders = []
+    for kind, (make, _) in UNREADABLE.items():
+        folders.append(solution_folder(tmp_path / kind, kind))
+        make(folders[-1])
+    (solution_folder(tmp_path / "loop", "loop") / "loop").symlink_to("loop")
+    folders += [tmp_path / "loop", solution_folder(tmp_path / "fine", "fine")]
+    repo = Repo(REPO)
+    runner = Runner(repo, DEFINITION, RunOptions(device="cpu", cache_dir=tmp_path / "cache", trace_dir=tmp_path / "t"))
+    reference, *chosen = runner.candidates([load_solution_folder(path) for path in folders])
+    problems = {candidate.solution.name: candidate.problem for candidate in chosen}
+    assert [name for name, problem in problems.items() if problem] == list(UNREADABLE)
+    assert all(problem.startswith(UNREADABLE[name][1]) for name, problem in problems.items() if problem)
+    loop, fine = chosen[-2:]
+    assert (loop.folder / "loop").is_symlink()  # staged as a link, refused before its worker starts
+    assert fine.folder.name == fine.hash == content_hash(fine.folder)
+    assert sorted(p.name for p in (tmp_path / "cache" / "solutions").iterdir()) == sorted([loop.hash, fine.hash])
+    again = runner.candidates([load_solution_folder(folders[0])])[1]
+    assert again.hash == chosen[0].hash  # same folder, same problem: --resume keeps its trace
+
+
+def test_install_copies_through_the_same_walk(tmp_path):
+    path = solution_folder(tmp_path / "mine", "mine")
+    (path / "NOTES.md").write_text("notes travel with it\n")
+    (path / "alias.py").symlink_to("kernel.py")
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "definitions" / "mla_paged", root / "definitions" / "mla_paged")
+    installed = install_solution(Repo(root), path)
+    assert (installed / "NOTES.md").is_file() and not (installed / "alias.py").is_symlink()
+    assert content_hash(installed) == content_hash(path)
+    os.mkfifo(path / "pipe")
+    with pytest.raises(FolderError):
+        install_solution(Repo(root), path)

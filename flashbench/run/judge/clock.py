@@ -62,11 +62,16 @@ def per_call_ms(batch_ms: float, baseline_ms: float, calls: int) -> float:
     return max(batch_ms - baseline_ms, 0.0) / calls
 
 
+def harness_per_call_ms(baseline_ms: list[float], sizes: list[int]) -> float:
+    """The cheapest harness cost per call over the job: other load on the host only ever adds time."""
+    return min(base / size for base, size in zip(baseline_ms, sizes))
+
+
 def judge_per_call_ms(batch_ms: list[float], baseline_ms: list[float], sizes: list[int]) -> list[float]:
     """Each batch's time per call, less the cheapest harness cost per call measured over the job. Every
     call of a job runs the same harness steps, and other load on the host only ever adds time to a
     baseline: a baseline slowed by load must not take the solution's own time away with it."""
-    harness = min(base / size for base, size in zip(baseline_ms, sizes))
+    harness = harness_per_call_ms(baseline_ms, sizes)
     return [per_call_ms(batch, harness * size, size) for batch, size in zip(batch_ms, sizes)]
 
 
@@ -87,7 +92,7 @@ def skipped_steps(batch_ms: list[float], baseline_ms: list[float], sizes: list[i
     SKIPPED_STEPS_SHARE of the steps. GPU only, as `disagreement`."""
     if device_type != "cuda":
         return None
-    steps = min(base / size for base, size in zip(baseline_ms, sizes))
+    steps = harness_per_call_ms(baseline_ms, sizes)
     shortfalls, start = [], 0
     for batch, size in zip(batch_ms, sizes):
         calls = worker_ms[start:start + size]

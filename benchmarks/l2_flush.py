@@ -7,8 +7,10 @@ Markdown table before it.
 
     python benchmarks/l2_flush.py [--calls 60] [--json OUT.json]
 
-With `--profile KERNEL FLUSH` it instead runs that pair a few times, for Nsight Compute to read the
-DRAM traffic of the timed kernel (run it under `ncu --cache-control none --clock-control none`).
+With `--profile` it instead runs each MLA decode kernel PROFILE_CALLS times after each flush method, in
+the order of FLUSH_METHODS (printed first, as JSON), for Nsight Compute to read the DRAM traffic of the
+timed kernel: run it under `ncu --cache-control none --clock-control none --csv` and make the table
+with `python benchmarks/evidence_tables.py flush_profile CSV`.
 """
 
 import argparse
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DECODE = "mla_paged_decode_h16_ckv512_kpe64_ps1"
 DECODE_WORKLOADS = ["b16_l8192", "b128_l1024", "b64_l4096", "b128_l8192"]
 STREAM_BYTES = 151 << 20
+PROFILE_CALLS = 3
 
 
 def kernels() -> dict:
@@ -80,16 +83,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=60)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--profile", nargs=2, metavar=("KERNEL", "FLUSH"))
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     found = kernels()
     if args.profile:
-        name, method = args.profile
-        flush = L2Flush(method, "cuda")
-        for _ in range(3):
-            flush()
-            found[name]()
-        torch.cuda.synchronize()
+        decode = [name for name in found if name.startswith("MLA decode")]
+        print(json.dumps({"kernels": decode, "flushes": list(FLUSH_METHODS), "calls": PROFILE_CALLS}), flush=True)
+        for name in decode:
+            for method in FLUSH_METHODS:
+                flush = L2Flush(method, "cuda")
+                for _ in range(PROFILE_CALLS):
+                    flush()
+                    found[name]()
+                torch.cuda.synchronize()
+                del flush
         return
     flushes = {method: L2Flush(method, "cuda") for method in FLUSH_METHODS}
     records = [{"kernel": name, "flush": method, "median_us": time_after_flush(kernel, flush, args.calls),

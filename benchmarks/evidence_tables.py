@@ -30,6 +30,8 @@ made it. Paths are relative to the repository root; a missing input is a one-lin
                                     solution of the events file but the reference)
     repeat FILE_A FILE_B            one definition measured twice: latencies and |difference| per pair
     moved OLD_FILE NEW_FILE         how far each latency moved in a re-recording, and whose content hash changed
+    flush_profile FILE              Nsight Compute's DRAM traffic of each decode kernel after each flush
+                                    (`ncu ... --csv python benchmarks/l2_flush.py --profile > FILE`)
     rejections FILE_OR_GLOB...      pairs by status for honest solutions (those with a folder under solutions/;
                                     not the reference, not test fixtures), and every REJECTED one
 
@@ -44,6 +46,7 @@ the leaderboard times (flashbench.leaderboard.board.is_timed: not tagged smoke i
 workload set); clocks and adversarial list every workload, rejections every pair.
 """
 
+import csv
 import glob
 import inspect
 import json
@@ -135,6 +138,30 @@ def flush_table(records: list[dict]) -> str:
         cells = {r["flush"]: r["median_us"] for r in records if r["kernel"] == kernel}
         rows.append([kernel, *(us(cells.get(m)) for m in methods)])
     return markdown(["kernel", *(f"after {m}" for m in methods)], rows)
+
+
+def flush_profile_table(order: dict, kernels: list[dict]) -> str:
+    """Nsight Compute's readings of each call of `benchmarks/l2_flush.py --profile` (its kernels in launch
+    order, a call starting at each split kernel), as the median over a (workload, flush)'s calls."""
+    calls: list[list[dict]] = []
+    for kernel in kernels:
+        if "split" in kernel["name"] or not calls:
+            calls.append([])
+        calls[-1].append(kernel)
+    per_pair = order["calls"]
+    pairs = [(w, f) for w in order["kernels"] for f in order["flushes"]]
+    if len(calls) != len(pairs) * per_pair:
+        raise FlashbenchError(f"the profile holds {len(calls)} calls; its order names {len(pairs) * per_pair}")
+    rows = []
+    for i, (workload, flush) in enumerate(pairs):
+        group = calls[i * per_pair:(i + 1) * per_pair]
+        median = lambda read: statistics.median(read(call) for call in group)  # noqa: E731
+        rows.append([workload.removeprefix("MLA decode "), flush,
+                     f"{median(lambda c: sum(k['gpu__time_duration.sum'] for k in c)) / 1e3:.1f}",
+                     f"{median(lambda c: sum(k['dram__bytes_read.sum'] for k in c)) / 1e6:.1f}",
+                     f"{median(lambda c: sum(k['dram__bytes_write.sum'] for k in c)) / 1e6:.1f}",
+                     f"{median(lambda c: c[0]['lts__t_sector_hit_rate.pct']):.1f}"])
+    return markdown(["workload", "flush before", "kernel µs", "DRAM read MB", "DRAM write MB", "L2 hit % (split)"], rows)
 
 
 def clocks_table(traces: list[Trace], earlier: list[Trace]) -> str:
@@ -314,6 +341,22 @@ def build_flush(file):
     return flush_table(records), [f"`{rel(path)}`"], {r["device"] for r in records if r.get("device")}
 
 
+def build_flush_profile(file):
+    """Nsight Compute's --csv output: the program's first JSON line (what it profiled, in order), then
+    one row per (kernel launch, metric)."""
+    path = need(path_of(file))
+    lines = path.read_text().splitlines()
+    order = next((json.loads(line) for line in lines if line.startswith("{")), None)
+    if order is None:
+        raise FlashbenchError(f"{rel(path)}: no line saying what was profiled")
+    kernels: dict[str, dict] = {}
+    for row in csv.DictReader(line for line in lines if line.startswith('"')):
+        kernel = kernels.setdefault(row["ID"], {"name": row["Kernel Name"]})
+        kernel[row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
+    ordered = [kernels[key] for key in sorted(kernels, key=int)]
+    return flush_profile_table(order, ordered), [f"`{rel(path)}`"], {"NVIDIA H200"} if ordered else set()
+
+
 def build_clocks(file, earlier):
     paths = [path_of(file), path_of(earlier)]
     traces, before = read(paths[0]), read(paths[1])
@@ -386,7 +429,8 @@ def build_rejections(*file_or_glob):
 
 BUILDERS = {"flush": build_flush, "clocks": build_clocks, "adversarial": build_adversarial, "peers": build_peers,
             "events_graph": build_events_graph, "repeat": build_repeat, "moved": build_moved,
-            "rejections": build_rejections, "clock_excess": build_clock_excess}
+            "rejections": build_rejections, "clock_excess": build_clock_excess,
+            "flush_profile": build_flush_profile}
 
 
 def usage(name: str) -> str:

@@ -11,10 +11,8 @@ import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
-import site
 import stat
 import sys
-import sysconfig
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, Mapping
 
@@ -193,9 +191,9 @@ def folder_problem(folder: Path, solution: Solution) -> str | None:
 def missing_dependencies(solution: Solution) -> list[str]:
     """Declared packages that are not installed here, found without importing anything: a dependency is a
     top-level name (the Solution model refuses dots and paths), looked up as an installed distribution or a
-    top-level module, and only in the interpreter's own library folders, so neither the working directory
-    nor a solutions/ tree can answer for it."""
-    places = _library_folders()
+    top-level module in the folders of sys.path but the working directory, so a repository's own folders
+    (solutions/, tests/) cannot answer for it."""
+    places = _package_folders()
     missing = []
     for dependency in solution.dependencies:
         name = dependency_name(dependency)
@@ -204,15 +202,10 @@ def missing_dependencies(solution: Solution) -> list[str]:
     return missing
 
 
-def _library_folders() -> list[str]:
-    """The entries of sys.path inside the standard library's or a site-packages folder: not '' (the working
-    directory), nor a folder an editable install or PYTHONPATH added (a repository, with its solutions/)."""
-    paths = sysconfig.get_paths()
-    roots = {paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"], *site.getsitepackages()}
-    if site.ENABLE_USER_SITE:
-        roots.add(site.getusersitepackages())
-    resolved = [Path(root).resolve() for root in roots]
-    return [entry for entry in sys.path if entry and any(Path(entry).resolve().is_relative_to(r) for r in resolved)]
+def _package_folders() -> list[str]:
+    """sys.path without '' and the working directory: the library folders, and those PYTHONPATH names."""
+    here = Path.cwd().resolve()
+    return [entry for entry in sys.path if entry and Path(entry).resolve() != here]
 
 
 def _installed(name: str, places: list[str]) -> bool:

@@ -130,6 +130,16 @@ def test_a_package_in_the_working_directory_does_not_count_and_is_never_imported
     assert not (tmp_path / "ran").exists() and "planted_package_xyz" not in sys.modules
 
 
+def test_a_package_in_a_pythonpath_folder_counts_and_is_never_imported(tmp_path, monkeypatch):
+    """Packages carried to a machine in a folder PYTHONPATH names (not site-packages) are installed."""
+    folder = tmp_path / "site"
+    (folder / "carried_package_xyz").mkdir(parents=True)
+    (folder / "carried_package_xyz" / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(folder)])
+    assert missing_dependencies(solution(dependencies=["carried_package_xyz"])) == []
+    assert not (tmp_path / "ran").exists() and "carried_package_xyz" not in sys.modules
+
+
 def test_a_missing_cuda_toolchain_is_found_by_the_judge(monkeypatch):
     from torch.utils import cpp_extension
 

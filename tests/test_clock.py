@@ -185,7 +185,7 @@ def snapshot(tensors: dict) -> dict:
 def test_the_baseline_runs_the_steps_of_every_call_on_scratch_inputs(job_inputs, copies_outputs):
     sets, current = [snapshot(s) for s in job_inputs.sets], [snapshot(s) for s in job_inputs.current]
     flush = CountingFlush()
-    baseline = Baseline(job_inputs, flush, copies_outputs=copies_outputs)
+    baseline = Baseline(job_inputs, flush, copies_outputs=copies_outputs, max_calls=5)
     scratch = snapshot(baseline.inputs.sets[0])
     elapsed = baseline.time_ms(seeded_batch(5))
     assert elapsed >= 0
@@ -206,14 +206,14 @@ def test_the_baseline_runs_the_steps_of_every_call_on_scratch_inputs(job_inputs,
 def test_the_baseline_is_the_least_of_its_repeats(job_inputs, monkeypatch):
     """Other load on the host only ever adds time."""
     readings = iter([5.0, 3.0, 4.0, 6.0, 7.0, 8.0][:BASELINE_REPEATS["cpu"]])
-    baseline = Baseline(job_inputs, CountingFlush(), copies_outputs=False)
+    baseline = Baseline(job_inputs, CountingFlush(), copies_outputs=False, max_calls=2)
     monkeypatch.setattr(baseline, "_once", lambda batch: next(readings))
     assert baseline.time_ms(seeded_batch(2)) == 3.0
 
 
 def test_the_baseline_times_a_batch_of_unseeded_calls(job_inputs):
     batch = Batch(calls=[Call(set=1, slot=0), Call(set=0, slot=1)], fresh_seed=3)
-    assert Baseline(job_inputs, CountingFlush(), copies_outputs=True).time_ms(batch) >= 0
+    assert Baseline(job_inputs, CountingFlush(), copies_outputs=True, max_calls=2).time_ms(batch) >= 0
 
 
 # Graph timing (run/worker/handler.py): a call that cannot be captured says so and names the way out.

@@ -12,7 +12,7 @@ import struct
 import pytest
 from pydantic import ValidationError
 
-from flashbench.run.protocol import (ARENA_TAG, MAX_FRAME_BYTES, ArenaHandle, BatchDone, Channel, ChannelClosed,
+from flashbench.run.protocol import (ARENA_TAG, MAX_FRAME_BYTES, ArenaHandle, BatchDone, CallTimes, Channel, ChannelClosed,
                                      ChannelTimeout, Failed, Open, Opened, ProtocolError, Ready, fd_socket_pair,
                                      parse_reply, receive_fd, send_fd)
 
@@ -29,8 +29,10 @@ def pipe_pair():
 
 def test_a_reply_round_trips(pipe_pair):
     judge, worker = pipe_pair
-    worker.send(BatchDone(event_ms=[0.5, 0.25]))
-    assert parse_reply(judge.receive_json(timeout=5)) == BatchDone(event_ms=[0.5, 0.25])
+    worker.send(CallTimes(event_ms=[0.5, 0.25]))
+    assert parse_reply(judge.receive_json(timeout=5)) == CallTimes(event_ms=[0.5, 0.25])
+    worker.send(BatchDone())
+    assert parse_reply(judge.receive_json(timeout=5)) == BatchDone()
 
 
 def test_a_pickle_is_not_a_reply(pipe_pair):
@@ -49,8 +51,9 @@ def test_a_pickle_is_not_a_reply(pipe_pair):
 @pytest.mark.parametrize("payload, where", [
     (b'{"kind": "failed", "status": "PASSED", "message": ""}', "status"),  # only the judge says PASSED
     (b'{"kind": "verdict", "status": "PASSED"}', "kind"),
-    (b'{"kind": "batch_done", "event_ms": [-1.0]}', "event_ms"),
-    (b'{"kind": "batch_done", "event_ms": [1.0], "passed": true}', "passed"),
+    (b'{"kind": "call_times", "event_ms": [-1.0]}', "event_ms"),
+    (b'{"kind": "call_times", "event_ms": [1.0], "passed": true}', "passed"),
+    (b'{"kind": "batch_done", "event_ms": [1.0]}', "event_ms"),  # times come only when asked, off the clock
     (b'{"kind": "ready"', "message"),
 ])
 def test_forged_or_malformed_replies_are_refused(payload, where):
@@ -60,7 +63,7 @@ def test_forged_or_malformed_replies_are_refused(payload, where):
 
 def test_nan_times_are_refused():
     with pytest.raises(ProtocolError):
-        parse_reply(b'{"kind": "batch_done", "event_ms": [NaN]}')
+        parse_reply(b'{"kind": "call_times", "event_ms": [NaN]}')
 
 
 def test_an_oversized_frame_is_refused_before_it_is_read(pipe_pair):

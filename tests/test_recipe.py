@@ -44,6 +44,14 @@ def test_a_batch_draws_once_then_redraws_flushes_and_times_each_call():
     assert len(clock.times_ms()) == 3 and all(t >= 0 for t in clock.times_ms())
 
 
+def test_a_clock_made_once_reports_only_the_last_batch_and_grows_when_it_must():
+    clock = CallClock("cpu", 4)
+    for calls in (3, 1, 6):  # made for 4 calls: a batch of 6 grows it
+        run_batch(Batch(calls=[Call(set=0, slot=k) for k in range(calls)]), RecordingInputs(), lambda: None,
+                  lambda call: None, lambda call: None, clock)
+        assert len(clock.times_ms()) == calls
+
+
 def test_a_redrawn_window_is_the_same_on_both_sides_and_changes_the_set(decode_inputs):
     """The worker and the judge's replay write the same data for the same seeds, and a call changes
     its set (however large the input, a window of it)."""

@@ -122,6 +122,13 @@ class Batch(Message):
     graph: bool = False  # replay a captured CUDA graph of (flush, call) per input set
 
 
+class ReadTimes(Message):
+    """After a batch's BatchDone, the worker's own times of its calls: read and sent outside the
+    judge's clock, which stops at BatchDone."""
+
+    kind: Literal["read_times"] = "read_times"
+
+
 class Close(Message):
     kind: Literal["close"] = "close"
 
@@ -130,7 +137,7 @@ class Stop(Message):
     kind: Literal["stop"] = "stop"
 
 
-Request = Annotated[Union[Setup, Probe, Build, Open, Batch, Close, Stop], Field(discriminator="kind")]
+Request = Annotated[Union[Setup, Probe, Build, Open, Batch, ReadTimes, Close, Stop], Field(discriminator="kind")]
 
 
 # Worker -> judge.
@@ -158,9 +165,15 @@ class Failed(Message):
 
 
 class BatchDone(Message):
-    """The worker's own per-call times (ms): advisory, never the ranked figure."""
+    """The batch has run to its end on the device: the judge's clock for it stops here."""
 
     kind: Literal["batch_done"] = "batch_done"
+
+
+class CallTimes(Message):
+    """The worker's own times of the last batch's calls (ms): advisory, never the ranked figure."""
+
+    kind: Literal["call_times"] = "call_times"
     event_ms: list[float]
 
     @field_validator("event_ms")
@@ -171,7 +184,7 @@ class BatchDone(Message):
         return values
 
 
-Reply = Annotated[Union[Ready, Opened, Failed, BatchDone], Field(discriminator="kind")]
+Reply = Annotated[Union[Ready, Opened, Failed, BatchDone, CallTimes], Field(discriminator="kind")]
 
 _requests = TypeAdapter(Request)
 _replies = TypeAdapter(Reply)
@@ -279,7 +292,7 @@ def receive_fd(sock: socket.socket) -> int:
     raise ProtocolError(f"the arena's message holds {len(fds)} descriptor(s) and {len(data)} byte(s)")
 
 
-def parse_reply(payload: bytes) -> Ready | Opened | Failed | BatchDone:
+def parse_reply(payload: bytes) -> Ready | Opened | Failed | BatchDone | CallTimes:
     try:
         return _replies.validate_json(payload)
     except ValidationError as exc:

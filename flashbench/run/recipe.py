@@ -68,34 +68,51 @@ class L2Flush:
 
 
 class CallClock:
-    """The worker's own per-call times: CUDA events on a GPU, the host clock on a CPU."""
+    """The worker's own per-call times: CUDA events on a GPU, the host clock on a CPU. Made once per job
+    for as many calls as a batch can hold: making hundreds of CUDA events takes a millisecond or more
+    of host time, which inside a batch the judge's clock would count and its baseline would not."""
 
-    def __init__(self, device: str, calls: int):
+    def __init__(self, device: str, capacity: int):
         self.on_gpu = torch.device(device).type == "cuda"
         self.device = device
+        self.calls = 0
+        self._starts: list = []
+        self._ends: list = []
+        self._grow(capacity)
+
+    def begin(self, calls: int) -> None:
+        """A batch of `calls` calls starts."""
+        if calls > len(self._starts):
+            self._grow(calls)
+        self.calls = calls
+
+    def _grow(self, capacity: int) -> None:
+        missing = capacity - len(self._starts)
         if self.on_gpu:
-            self._starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-            self._ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+            self._starts += [torch.cuda.Event(enable_timing=True) for _ in range(missing)]
+            self._ends += [torch.cuda.Event(enable_timing=True) for _ in range(missing)]
         else:
-            self._host = [0.0] * (2 * calls)
+            self._starts += [0.0] * missing
+            self._ends += [0.0] * missing
 
     def start(self, k: int) -> None:
         if self.on_gpu:
             self._starts[k].record()
         else:
-            self._host[2 * k] = time.perf_counter()
+            self._starts[k] = time.perf_counter()
 
     def stop(self, k: int) -> None:
         if self.on_gpu:
             self._ends[k].record()
         else:
-            self._host[2 * k + 1] = time.perf_counter()
+            self._ends[k] = time.perf_counter()
 
     def times_ms(self) -> list[float]:
-        """After the batch's device-wide synchronisation."""
+        """The last batch's, after its device-wide synchronisation."""
+        pairs = zip(self._starts[:self.calls], self._ends[:self.calls])
         if self.on_gpu:
-            return [s.elapsed_time(e) for s, e in zip(self._starts, self._ends)]
-        return [(self._host[2 * k + 1] - self._host[2 * k]) * 1e3 for k in range(len(self._host) // 2)]
+            return [s.elapsed_time(e) for s, e in pairs]
+        return [(e - s) * 1e3 for s, e in pairs]
 
 
 @dataclass
@@ -134,6 +151,7 @@ class InputSets:
 def run_batch(batch: Batch, inputs: InputSets, flush: L2Flush, invoke: Callable[[Call], None],
               after: Callable[[Call], None], clock: CallClock) -> None:
     """`invoke` is timed by `clock`; `after` (moving returned outputs into their slot) is not."""
+    clock.begin(len(batch.calls))
     inputs.draw(batch.fresh_seed, len(batch.calls))
     for k, call in enumerate(batch.calls):
         if call.seed is not None:

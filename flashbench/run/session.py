@@ -24,7 +24,7 @@ from .judge.check import CheckedCall, Verdict, check_job
 from .judge.clock import Baseline, disagreement, judge_per_call_ms, skipped_steps, summarize
 from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
-from .protocol import Batch, BatchDone, Call, Close, Failed, Open, Opened
+from .protocol import Batch, BatchDone, Call, CallTimes, Close, Failed, Open, Opened, ReadTimes
 from .recipe import L2Flush
 from .supervisor import WorkerGone, WorkerProcess
 
@@ -119,7 +119,7 @@ class Session:
             # The worker copies outputs into the call's slot after the call when the solution returns them,
             # and after every graph replay (from the slot the graph was captured with): so does the baseline.
             copies = not destination_passing or self.settings.graph
-            outcome = job.judge(Baseline(inputs, self.flush, copies_outputs=copies))
+            outcome = job.judge(Baseline(inputs, self.flush, copies_outputs=copies, max_calls=len(arena_slots)))
             if worker.alive():
                 try:
                     worker.ask(Close(), settings.timeout)
@@ -266,15 +266,20 @@ class _Job:
         reply, elapsed_ms = self.worker.timed_ask(batch, self.settings.timeout)
         if isinstance(reply, Failed):
             raise reported_failure(reply, self.worker.log_tail(), worker_usable=self.session.device == "cpu")
-        if not isinstance(reply, BatchDone) or len(reply.event_ms) != len(calls):
+        if not isinstance(reply, BatchDone):
             raise _Stop(self.rejected("the worker's reply does not match the batch it was sent"))
         for k, label in picked.items():  # copies taken now: nothing written later counts
             outputs = {name: tensor.clone() for name, tensor in self.arena_slots[calls[k].slot].items()}
             self.reads.append(_Read(label, len(self.history) - 1, k, outputs))
         self.reject_leftovers()
         self.reject_changed_inputs()
+        times = self.worker.ask(ReadTimes(), self.settings.timeout)
+        if isinstance(times, Failed):
+            raise reported_failure(times, self.worker.log_tail(), worker_usable=self.session.device == "cpu")
+        if not isinstance(times, CallTimes) or len(times.event_ms) != len(calls):
+            raise _Stop(self.rejected("the worker's times do not match the batch it was sent"))
         if timed:
-            self.times.worker_ms += reply.event_ms
+            self.times.worker_ms += times.event_ms
         return elapsed_ms, batch
 
     def replay(self, batch: Batch, each_call: Callable[[int, Call], None] = lambda k, call: None) -> None:

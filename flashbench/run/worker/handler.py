@@ -11,7 +11,8 @@ from ...build import BuildError, load_entry_point
 from ...dtypes import torch_dtype
 from ...workloads import random_inputs
 from ..arena import export_cuda, open_memfd_arena, views
-from ..protocol import Batch, BatchDone, Build, Close, Failed, Open, Opened, Probe, Ready, Setup, receive_fd
+from ..protocol import (Batch, BatchDone, Build, CallTimes, Close, Failed, Open, Opened, Probe, ReadTimes, Ready, Setup,
+                        receive_fd)
 from ..recipe import CallClock, InputSets, L2Flush, run_batch
 
 
@@ -46,6 +47,8 @@ class Worker:
                 return self.job.opened
             if isinstance(request, Batch):
                 return self.job.batch(request)
+            if isinstance(request, ReadTimes):
+                return CallTimes(event_ms=self.job.clock.times_ms())
             if isinstance(request, Close):
                 self.job = None
                 return Ready()
@@ -97,14 +100,14 @@ class Job:
         self.slots = [views(memory, slots) for slots in request.layout.slots]
         self.inputs = InputSets(self.definition, request.workload, sets, random_inputs(self.definition, request.workload))
         self.flush = L2Flush(request.flush, self.device)
+        self.clock = CallClock(self.device, len(self.slots))  # a batch has at most one call per slot
         self.returned: dict | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     def batch(self, request: Batch):
-        clock = CallClock(self.device, len(request.calls))
         invoke, after = (self.replay, self.copy_replayed) if request.graph else (self.call, self.store)
-        run_batch(request, self.inputs, self.flush, invoke, after, clock)
-        return BatchDone(event_ms=clock.times_ms())
+        run_batch(request, self.inputs, self.flush, invoke, after, self.clock)
+        return BatchDone()
 
     def arguments(self, call) -> list:
         tensors = self.inputs.sets[call.set]

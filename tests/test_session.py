@@ -10,6 +10,7 @@ without a worker: which call uses which input set and output slot, which calls a
 checking, how the clocks are ranked, how outputs are poisoned and checked; and the reference
 outputs kept in memory."""
 
+import contextlib
 import math
 import textwrap
 from collections import Counter
@@ -233,6 +234,29 @@ def test_a_number_of_checked_calls_picks_that_many_distinct_calls_and_one_in_eve
 def test_under_graph_replay_every_call_can_be_picked_too():
     picked = job(graph=True).pick_checks(batches=2, size=5)
     assert {b: sorted(ks) for b, ks in picked.items()} == {0: [0, 1, 2, 3, 4], 1: [0, 1, 2, 3, 4]}
+
+
+@pytest.mark.parametrize("step_ms, sizing", [(5.0, True), (30.0, False)])
+def test_timed_batches_are_sized_by_an_untimed_batch_of_about_the_targets_length(step_ms, sizing, monkeypatch):
+    """The warm-up's step carries the batch's fixed cost over a few calls and reads long (here 5 ms a call,
+    against 1 ms in a batch of 4): the timed batches are sized from a batch of the target's length. A
+    call longer than the target (here 30 ms) is timed one by one, with no sizing batch."""
+    stand_in = job(slots=40)
+    ran = []
+
+    def batch(calls, timed, graph, picked):
+        ran.append((len(calls), timed))
+        return 1.0 * len(calls), None  # 1 ms a call
+
+    monkeypatch.setattr(stand_in, "batch", batch)
+    stand_in.worker.paused = contextlib.nullcontext
+    baseline = SimpleNamespace(time_ms=lambda batch: 0.0)
+    stand_in.timed_batches(baseline, step_ms)
+    if sizing:
+        assert ran[0] == (4, False)  # 20 ms over the warm-up's 5 ms a call
+        assert all(entry == (20, True) for entry in ran[1:]) and len(ran) == 3  # 20 calls of 1 ms; two batches
+    else:
+        assert all(entry == (1, True) for entry in ran) and len(ran) == 10  # iters=10 calls, one a batch
 
 
 def timed(judge_ms, worker_ms, device="cpu") -> _Job:

@@ -212,8 +212,14 @@ class _Job:
     def timed_batches(self, baseline: Baseline, step_ms: float) -> None:
         """Batches long enough that the handshake around each is negligible, and at least `iters` calls."""
         settings = self.settings
-        size = math.ceil(settings.target_batch_ms / max(step_ms, 1e-3))
-        size = max(1, min(size, len(self.call_slots()), settings.max_batch))
+        size = self.batch_size(step_ms)
+        if size > 1:
+            # The warm-up's few calls carry the batch's fixed cost (the round trip, about 1 ms on the
+            # H200), which made its step look long and the timed batches short (20-60 ms, not 100): an
+            # untimed batch of about the target's length measures the step again.
+            sizing_ms = self.batch([self.fresh_call(k) for k in range(size)], timed=False, graph=settings.graph,
+                                   picked={})[0]
+            size = self.batch_size(sizing_ms / size)
         batches = max(settings.min_batches, math.ceil(settings.iters / size))
         picked = self.pick_checks(batches, size)
         for b in range(batches):
@@ -224,6 +230,11 @@ class _Job:
             with self.worker.paused():
                 self.times.baseline_ms.append(baseline.time_ms(batch))
             self.times.batch_sizes.append(size)
+
+    def batch_size(self, step_ms: float) -> int:
+        """Calls in a batch that lasts the target, given the time of one call with its steps."""
+        size = math.ceil(self.settings.target_batch_ms / max(step_ms, 1e-3))
+        return max(1, min(size, len(self.call_slots()), self.settings.max_batch))
 
     def call_slots(self) -> range:
         """The output slots calls are given, one per call of a batch. Under graph replay the first

@@ -18,8 +18,11 @@ from ..recipe import CallClock, InputSets, L2Flush, run_batch
 from .inputs import JobInputs
 
 # Worker times under this share of the judge's, beyond the slack, cannot be honest. Judged on a GPU
-# only: on a CPU both clocks are the host's, and other load on it alone can split them.
-AGREEMENT_SHARE = 0.6
+# only: on a CPU both clocks are the host's, and other load on it alone can split them. Honest pairs
+# on the H200 read down to 0.40 (a Triton kernel whose host work before its first launch, about
+# 40 µs, outlasts the device's lead: docs/measurement.md); forged timers read under 0.001. The
+# ranked figure is the larger clock either way: this rule names a lie, it does not set the rank.
+AGREEMENT_SHARE = 0.25
 SLACK_MS = 0.005
 # A batch runs the harness's steps and the calls one after the other, so it lasts at least as long as
 # both; one shorter by more than this share of the steps, beyond the slack, skipped steps (the flush).

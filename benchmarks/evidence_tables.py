@@ -18,7 +18,7 @@ made it. Paths are relative to the repository root; a missing input is a one-lin
                                     docs/data/l2_flush_h200.json
     clocks [FILE EARLIER]           judge's clock and worker's events (FILE, default
                                     docs/data/decode_clocks_h200.jsonl) against an earlier events trace file
-                                    (default traces/nvidia_h200/mla_paged_decode_h16_ckv512_kpe64_ps1.jsonl)
+                                    (default docs/data/boards_before_judge/mla_paged_decode_h16_ckv512_kpe64_ps1.jsonl)
     adversarial [FILE]              fixtures of the adversarial corpus (default docs/data/adversarial_gpu_h200.jsonl)
     peers TRACE_FILE                per timed workload, the best peer against our best: PEERS are the solutions
                                     named flashmla and flashinfer_fa3; ours are every solution that is neither a
@@ -28,7 +28,9 @@ made it. Paths are relative to the repository root; a missing input is a one-lin
     events_graph DEF [SOLUTION...]  per timed workload, each solution's "events µs / graph µs", from
                                     traces/nvidia_h200/<DEF>.jsonl and <DEF>.graph.jsonl (no SOLUTION: every
                                     solution of the events file but the reference)
-    repeat FILE_A FILE_B            one definition measured twice: latencies and |difference| per pair
+    repeat FILE_A FILE_B            one definition measured twice: ranked latencies and |difference| per pair
+                                    (the solutions under test; not the reference)
+    repeat_events FILE_A FILE_B     the same, of the worker's own CUDA-event medians
     moved OLD_FILE NEW_FILE         how far each latency moved in a re-recording, and whose content hash changed
     flush_profile FILE              Nsight Compute's DRAM traffic of each decode kernel after each flush
                                     (`ncu ... --csv python benchmarks/l2_flush.py --profile > FILE`)
@@ -74,7 +76,8 @@ COMMAND = "python benchmarks/evidence_tables.py"
 NONE = "—"
 DEFAULTS = {
     "flush": ["docs/data/l2_flush_h200.json"],
-    "clocks": ["docs/data/decode_clocks_h200.jsonl", "traces/nvidia_h200/mla_paged_decode_h16_ckv512_kpe64_ps1.jsonl"],
+    "clocks": ["docs/data/decode_clocks_h200.jsonl",
+               "docs/data/boards_before_judge/mla_paged_decode_h16_ckv512_kpe64_ps1.jsonl"],
     "adversarial": ["docs/data/adversarial_gpu_h200.jsonl"],
 }
 OPEN = re.compile(r"^<!-- table: .*-->$", re.M)
@@ -250,16 +253,25 @@ def events_graph_table(events: list[Trace], graph: list[Trace], workloads: list[
     return markdown(["workload (events µs / graph µs)", *solutions], rows)
 
 
-def paired(a: list[Trace], b: list[Trace], workloads: list[Workload]) -> list[tuple[str, str, float, float]]:
+def events_us(trace: Trace | None) -> float | None:
+    """The worker's own CUDA-event median (advisory: the ranked figure is latency_us)."""
+    if latency_us(trace) is None or "worker" not in trace.performance.crosscheck:
+        return None
+    return trace.performance.crosscheck["worker"]["latency_ms"] * 1e3
+
+
+def paired(a: list[Trace], b: list[Trace], workloads: list[Workload],
+           clock=latency_us) -> list[tuple[str, str, float, float]]:
     """(solution, workload label, µs in a, µs in b) of every timed pair that passed in both, in a's order."""
     first, second = current(a), current(b)
     labels = {w.uuid: w.label for w in timed(workloads, first)}
-    found = [(key, latency_us(trace), latency_us(second.get(key))) for key, trace in first.items()]
+    found = [(key, clock(trace), clock(second.get(key))) for key, trace in first.items()]
     return [(s, labels[w], x, y) for (s, w), x, y in found if w in labels and x is not None and y is not None]
 
 
-def repeat_table(a: list[Trace], b: list[Trace], workloads: list[Workload]) -> str:
-    pairs = paired(a, b, workloads)
+def repeat_table(a: list[Trace], b: list[Trace], workloads: list[Workload], clock=latency_us) -> str:
+    """The solutions under test only: the reference (a host-bound PyTorch loop) is left out."""
+    pairs = [pair for pair in paired(a, b, workloads, clock) if pair[0] != REFERENCE]
     diffs = [(abs(y - x) / x * 100, f"{s} {w}") for s, w, x, y in pairs]
     rows = [[s, w, us(x), us(y), f"{d:.1f}"] for (s, w, x, y), (d, _) in zip(pairs, diffs)]
     return markdown(["solution", "workload", "A µs", "B µs", "|diff| %"], rows) + "\n\n" + spread(diffs, "|diff|")
@@ -400,6 +412,11 @@ def build_repeat(file_a, file_b):
     return repeat_table(a, b, workloads), sources, hardware
 
 
+def build_repeat_events(file_a, file_b):
+    a, b, workloads, sources, hardware = two_files(file_a, file_b, ("A", "B"))
+    return repeat_table(a, b, workloads, clock=events_us), sources, hardware
+
+
 def build_moved(old_file, new_file):
     old, new, workloads, sources, hardware = two_files(old_file, new_file, ("old", "new"))
     return moved_table(old, new, workloads), sources, hardware
@@ -428,7 +445,8 @@ def build_rejections(*file_or_glob):
 
 
 BUILDERS = {"flush": build_flush, "clocks": build_clocks, "adversarial": build_adversarial, "peers": build_peers,
-            "events_graph": build_events_graph, "repeat": build_repeat, "moved": build_moved,
+            "events_graph": build_events_graph, "repeat": build_repeat, "repeat_events": build_repeat_events,
+            "moved": build_moved,
             "rejections": build_rejections, "clock_excess": build_clock_excess,
             "flush_profile": build_flush_profile}
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from .build import files_hash, folder_files
+from .build import FolderError, files_hash, folder_files, walk_folder
 from .errors import FlashbenchError
 from .model import Definition, Solution, WorkloadSet, load_model
 from .model.solution import SHARED_FOLDER
@@ -113,8 +113,7 @@ def shared_folders(path: Path, solution: Solution) -> tuple[Path, ...]:
     found = []
     for name in solution.shared:
         folder = shared_root / name
-        _check_shared_folder(folder, shared_root, manifest)
-        for relative in folder_files(folder):
+        for relative in _shared_folder_files(folder, shared_root, manifest):
             if relative in owners:
                 raise FlashbenchError(f"{relative} is in {SHARED_FOLDER}/{name} and in {owners[relative]}; "
                                       "a path may be in one of them only", manifest, "shared")
@@ -123,19 +122,26 @@ def shared_folders(path: Path, solution: Solution) -> tuple[Path, ...]:
     return tuple(found)
 
 
-def _check_shared_folder(folder: Path, shared_root: Path, manifest: Path) -> None:
-    """It lies in solutions/_shared/ itself (no link on the way there) and no link in it leads out of it."""
+def _shared_folder_files(folder: Path, shared_root: Path, manifest: Path) -> list[str]:
+    """Its files, once it is found to lie in solutions/_shared/ itself (no link on the way there), with no link
+    in it leading out of it, nowhere, or to a folder, and within the limits of a solution folder: the
+    same one bounded walk (build.walk_folder)."""
     name = f"{SHARED_FOLDER}/{folder.name}"
     if not folder.is_dir():
         raise FlashbenchError(f"no folder {folder.name!r} in {shared_root}", manifest, "shared")
-    inside = folder.resolve()
-    if inside != shared_root.parent.resolve() / SHARED_FOLDER / folder.name:
+    inside = Path(os.path.realpath(folder))
+    if inside != Path(os.path.realpath(shared_root.parent)) / SHARED_FOLDER / folder.name:
         raise FlashbenchError(f"{name} leads to {inside} through a link; a shared folder must lie in "
                               f"{shared_root} itself", manifest, "shared")
-    for item in sorted(folder.rglob("*")):
-        if item.is_symlink() and not item.resolve().is_relative_to(inside):
-            raise FlashbenchError(f"{name}/{item.relative_to(folder)} is a link to {item.resolve()}, "
-                                  "outside the shared folder", manifest, "shared")
+    try:
+        walked = list(walk_folder(folder))
+    except FolderError as exc:
+        raise FlashbenchError(f"{name}: {exc.message}", manifest, "shared") from None
+    problem = next((problem for _, _, problem in walked if problem), None)
+    if problem:
+        raise FlashbenchError(f"{name}/{problem.replace('the solution folder', 'the shared folder')}", manifest,
+                              "shared")
+    return [relative for relative, _, _ in walked]
 
 
 class Repo:

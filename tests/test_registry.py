@@ -297,6 +297,23 @@ def test_a_link_out_of_a_shared_folder_is_refused(root, tmp_path_factory):
     assert not validate(Repo(root), [path])[0].ok
 
 
+@pytest.mark.parametrize("link", ["loop", "nowhere", "folder"])
+def test_a_link_loop_or_dangling_link_in_a_shared_folder_is_a_one_line_error(root, link):
+    """Found by the same bounded walk as a solution folder's, never by following the link."""
+    path, shared = kernel_in_shared_folder(root)
+    if link == "loop":
+        (shared / "a.py").symlink_to(shared / "b.py")
+        (shared / "b.py").symlink_to(shared / "a.py")
+    elif link == "nowhere":
+        (shared / "a.py").symlink_to(shared / "missing.py")
+    else:
+        (shared / "sub").mkdir()
+        (shared / "a.py").symlink_to(shared / "sub")
+    message = shared_error(path).message
+    assert message.startswith("_shared/kernel/a.py is a link") and "\n" not in message
+    assert not validate(Repo(root), [path])[0].ok
+
+
 def test_a_link_inside_a_shared_folder_is_kept(root):
     path, shared = kernel_in_shared_folder(root)
     (shared / "alias.py").symlink_to(shared / "kernel.py")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .build import FolderError, files_hash, folder_files, walk_folder
 from .errors import FlashbenchError
-from .model import Definition, Solution, WorkloadSet, load_model
+from .model import REFERENCE, Definition, Solution, WorkloadSet, load_model
 from .model.solution import SHARED_FOLDER
 from .reference import load_reference
 
@@ -93,6 +93,9 @@ def load_solution_folder(path: Path) -> SolutionFolder:
     if not manifest.is_file():
         raise FlashbenchError("no solution.yaml in this folder", path)
     solution = load_model(Solution, manifest)
+    if solution.name == REFERENCE:  # the runner times the definition's own reference under this name
+        raise FlashbenchError(f"the name {REFERENCE!r} is the definition's reference's; a solution may not take it",
+                              manifest, "name")
     loaded = SolutionFolder(path, solution, shared_folders(path, solution))
     if loaded.entry_path is None:
         where = " (nor in its shared folders)" if solution.shared else ""

@@ -5,12 +5,14 @@ the message of a call a CUDA graph cannot capture (the capture is in run/worker/
 
 import random
 import statistics
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from flashbench import Repo
 from flashbench.run.judge.clock import (AGREEMENT_SHARE, BASELINE_REPEATS, SKIPPED_STEPS_SHARE, SLACK_MS, Baseline,
+                                        CleanSteps, harness_per_call_ms,
                                         disagreement, skipped_steps,
                                         judge_per_call_ms, per_call_ms, summarize)
 from flashbench.run.judge.inputs import JobInputs
@@ -89,6 +91,34 @@ def test_a_baseline_slowed_by_load_does_not_take_the_solutions_time():
     other load reads 21 ms: the job's cheapest harness cost per call is subtracted from every batch."""
     per_call = judge_per_call_ms([22.0, 22.0, 22.0], [2.0, 21.0, 2.5], [2, 2, 2])
     assert per_call == pytest.approx([10.0, 10.0, 10.0])
+
+
+def test_every_baseline_slowed_by_leftover_gpu_work_is_capped_by_the_clean_cost():
+    """A worker that leaves GPU work running after each reply slows every one of the judge's baselines (the
+    work is not stopped with the worker), here from 1 ms to 1.4 ms of steps per call; with forged events
+    that took 0.4 ms a call off a 0.1 ms call. The cost measured while only the reference held the device
+    caps what is subtracted, and the skipped-steps check reads the honest steps."""
+    batches, sizes = [2.2, 2.2, 2.2], [2, 2, 2]  # 1 ms of steps and 0.1 ms of call per call
+    inflated = [2.8, 2.8, 2.8]
+    assert judge_per_call_ms(batches, inflated, sizes) == pytest.approx([0.0] * 3)
+    assert judge_per_call_ms(batches, inflated, sizes, clean_ms=1.0) == pytest.approx([0.1] * 3)
+    assert harness_per_call_ms([1.8, 1.9], [2, 2], clean_ms=1.0) == pytest.approx(0.9)  # the least of the two
+    forged = [0.001] * 6
+    assert skipped_steps(batches, inflated, sizes, forged, "cuda", clean_ms=1.0) is None  # the steps all ran
+
+
+def test_clean_steps_keep_the_least_cost_per_call_of_each_workload_and_device():
+    clean = CleanSteps()
+    assert clean.get("w", "cuda:0") is None
+    readings = iter([50.0, 80.0, 30.0])
+    baseline = SimpleNamespace(max_calls=100, time_ms=lambda batch: next(readings) * len(batch.calls) / 100)
+    for _ in range(3):
+        clean.measure(baseline, "w", "cuda:0")
+    assert clean.get("w", "cuda:0") == pytest.approx(0.3) and clean.get("w", "cuda:1") is None
+    calls = []
+    clean.measure(SimpleNamespace(max_calls=7, time_ms=lambda batch: calls.append(len(batch.calls)) or 7.0),
+                  "v", "cuda:0")
+    assert calls == [7] and clean.get("v", "cuda:0") == pytest.approx(1.0)  # never more calls than its clock holds
 
 
 # disagreement: the worker's own clock against the judge's.

@@ -201,6 +201,15 @@ def test_find_root_without_definitions(tmp_path, monkeypatch):
         find_root(tmp_path)
 
 
+def test_a_solution_may_not_take_the_references_name(root):
+    """The runner times the definition's reference under that name; a folder taking it would stand in for the
+    reference on boards (every speedup is over it)."""
+    path = add_solution(root, DECODE, DECODE, name="reference")
+    with pytest.raises(FlashbenchError) as info:
+        load_solution_folder(path)
+    assert info.value.field == "name" and "reference" in info.value.message
+
+
 # --- shared folders: solutions/_shared/<name>/, named by a solution's `shared` field ---------------
 
 def add_shared(root: Path, name: str, files: dict[str, str]) -> Path:

@@ -259,6 +259,28 @@ def test_timed_batches_are_sized_by_an_untimed_batch_of_about_the_targets_length
         assert all(entry == (1, True) for entry in ran) and len(ran) == 10  # iters=10 calls, one a batch
 
 
+@pytest.mark.parametrize("device, trusted", [("cuda:0", True), ("cuda:0", False), ("cpu", False)])
+def test_the_references_jobs_measure_the_clean_steps_and_the_others_are_capped_by_them(device, trusted,
+                                                                                         monkeypatch):
+    """On a GPU, the harness's steps are measured for each workload while the reference's worker holds the
+    device; every other job's subtraction is capped by that (a worker's leftover GPU work is not stopped)."""
+    stand_in = job(device=device)
+    measured = []
+    clean = SimpleNamespace(get=lambda workload, device: 0.25,
+                            measure=lambda baseline, workload, device: measured.append((workload, device)))
+    stand_in.session = SimpleNamespace(device=device, clean_steps=clean, trusted=trusted, on_phase=lambda phase: None)
+    stand_in.inputs = SimpleNamespace(workload=SimpleNamespace(uuid="w"))
+    monkeypatch.setattr(stand_in, "batch", lambda *args, **kwargs: (1.0, None))
+    monkeypatch.setattr(stand_in, "warm_up", lambda: 1.0)
+    monkeypatch.setattr(stand_in, "timed_batches", lambda baseline, step: None)
+    monkeypatch.setattr(stand_in, "check_outputs", lambda: SimpleNamespace(passed=False))
+    monkeypatch.setattr(stand_in, "outcome", lambda verdict, timing=None: "judged")
+    assert stand_in.judge(baseline=None) == "judged"
+    on_gpu = device.startswith("cuda")
+    assert measured == ([("w", device)] if on_gpu and trusted else [])
+    assert stand_in.times.clean_step_ms == (0.25 if on_gpu and not trusted else None)
+
+
 def timed(judge_ms, worker_ms, device="cpu") -> _Job:
     stand_in = job(device=device)
     size = len(worker_ms) // len(judge_ms)

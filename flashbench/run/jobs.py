@@ -14,10 +14,11 @@ import torch
 
 from ..build import CACHE_DIR_NAME, folder_problem, missing_dependencies, missing_toolchain
 from ..environment import describe_environment
-from ..model import Definition, Workload
+from ..model import REFERENCE, Definition, Workload
 from ..reference import load_reference
 from ..workloads import generate_inputs
 from . import sandbox
+from .judge.clock import CleanSteps
 from .judge.inputs import fresh_seed
 from .judge.references import ReferenceStore
 from .options import GPU_CHECKED_CALLS, MIN_BATCHES, SLOT_BUDGET_BYTES, TARGET_BATCH_MS, RunOptions
@@ -65,6 +66,7 @@ class JobJudge:
         self._flushes: dict[str, L2Flush] = {}
         self._environments: dict[str, dict] = {}
         self._failures: dict[tuple[str, str], JobOutcome] = {}
+        self.clean_steps = CleanSteps()  # measured in the reference's jobs, which run first
         self._lock = threading.Lock()
 
     @property
@@ -131,7 +133,8 @@ class JobJudge:
 
     def run(self, worker: WorkerProcess, job: Job, device: str) -> JobOutcome:
         session = Session(self.settings(job.candidate, device), self.references, self.flush(device), device,
-                          on_phase=lambda phase: self.on_phase(job, phase))
+                          on_phase=lambda phase: self.on_phase(job, phase), clean_steps=self.clean_steps,
+                          trusted=job.candidate.solution.name == REFERENCE)
         return session.run(worker, job.workload, job.candidate.solution.destination_passing_style)
 
     def settings(self, candidate: Candidate, device: str) -> SessionSettings:

@@ -21,7 +21,7 @@ from ..dtypes import is_float, torch_dtype
 from ..model import OutputError, Status
 from .arena import Arena, plan_layout, views
 from .judge.check import CheckedCall, Verdict, check_job
-from .judge.clock import Baseline, disagreement, judge_per_call_ms, skipped_steps, summarize
+from .judge.clock import Baseline, CleanSteps, disagreement, judge_per_call_ms, skipped_steps, summarize
 from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
 from .protocol import Batch, BatchDone, Call, CallTimes, Close, Failed, Open, Opened, ReadTimes
@@ -76,17 +76,21 @@ class _Times:
     baseline_ms: list[float] = field(default_factory=list)  # the same batch's harness steps, run by the judge
     batch_sizes: list[int] = field(default_factory=list)
     worker_ms: list[float] = field(default_factory=list)  # per call, every call
+    clean_step_ms: float | None = None  # the steps' cost per call where no solution could touch the device
 
     @property
     def judge_ms(self) -> list[float]:
         """Per call, one value per batch."""
-        return judge_per_call_ms(self.batch_ms, self.baseline_ms, self.batch_sizes)
+        return judge_per_call_ms(self.batch_ms, self.baseline_ms, self.batch_sizes, self.clean_step_ms)
 
 
 class Session:
     def __init__(self, settings: SessionSettings, references: ReferenceStore, flush: L2Flush, device: str,
-                 on_phase: Callable[[str], None] = lambda phase: None):
+                 on_phase: Callable[[str], None] = lambda phase: None, clean_steps: CleanSteps | None = None,
+                 trusted: bool = False):
         self.settings = settings
+        self.clean_steps = clean_steps
+        self.trusted = trusted  # the definition's reference: its worker runs no solution code
         self.on_phase = on_phase
         self.references = references
         self.flush = flush
@@ -195,7 +199,12 @@ class _Job:
         self.batch(first, timed=False, graph=False,
                    picked={k: f"input set {c.set}" if c.slot < sets else "the repeated call" for k, c in enumerate(first)})
         self.session.on_phase("time")
+        clean = self.session.clean_steps if torch.device(self.session.device).type == "cuda" else None
+        if clean is not None and not self.session.trusted:
+            self.times.clean_step_ms = clean.get(self.inputs.workload.uuid, self.session.device)
         self.timed_batches(baseline, self.warm_up())
+        if clean is not None and self.session.trusted:
+            clean.measure(baseline, self.inputs.workload.uuid, self.session.device)
         verdict = self.check_outputs()
         if not verdict.passed:
             return self.outcome(verdict)
@@ -358,7 +367,7 @@ class _Job:
         worker = summarize(self.times.worker_ms)
         problem = (disagreement(worker["latency_ms"], judge["latency_ms"], device_type)
                    or skipped_steps(self.times.batch_ms, self.times.baseline_ms, self.times.batch_sizes,
-                                    self.times.worker_ms, device_type))
+                                    self.times.worker_ms, device_type, self.times.clean_step_ms))
         if problem:
             raise _Stop(self.rejected(problem))
         ranked, name = (worker, "worker") if worker["latency_ms"] >= judge["latency_ms"] else (judge, "judge")

@@ -8,6 +8,7 @@ outside the timed calls, or a replaced timer), but the ranked figure is always t
 
 import math
 import statistics
+import threading
 import time
 
 import torch
@@ -15,7 +16,7 @@ import torch
 from ...dtypes import torch_dtype
 from ..protocol import Batch, Call
 from ..recipe import CallClock, InputSets, L2Flush, run_batch
-from .inputs import JobInputs
+from .inputs import JobInputs, fresh_seed
 
 # Worker times under this share of the judge's, beyond the slack, cannot be honest. Judged on a GPU
 # only: on a CPU both clocks are the host's, and other load on it alone can split them. Honest pairs
@@ -39,6 +40,7 @@ class Baseline:
 
     def __init__(self, inputs: JobInputs, flush: L2Flush, copies_outputs: bool, max_calls: int):
         self.device = inputs.device
+        self.max_calls = max_calls
         self.clock = CallClock(self.device, max_calls)  # made once, as the worker's
         scratch = {name: tensor.clone() for name, tensor in inputs.tensors.items()}
         self.inputs = InputSets(inputs.definition, inputs.workload, [scratch], inputs.random_names)
@@ -63,20 +65,49 @@ class Baseline:
             slot.copy_(returned)
 
 
+class CleanSteps:
+    """The harness's steps' cost per call of each (workload, device), measured by the judge while the
+    definition's reference (trusted code: its worker leaves nothing running) held the device, and never
+    while a solution's worker did; the least seen. The reference's jobs run before every other's."""
+
+    CALLS = 200  # calls in the measuring batch: its fixed cost (the draw, the final sync) a few µs a call
+
+    def __init__(self):
+        self._costs: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def measure(self, baseline: "Baseline", workload: str, device: str) -> None:
+        calls = min(self.CALLS, baseline.max_calls)
+        batch = Batch(calls=[Call(set=0, slot=0, seed=fresh_seed()) for _ in range(calls)], fresh_seed=fresh_seed())
+        per_call = baseline.time_ms(batch) / calls
+        with self._lock:
+            known = self._costs.get((workload, device))
+            self._costs[(workload, device)] = per_call if known is None else min(known, per_call)
+
+    def get(self, workload: str, device: str) -> float | None:
+        with self._lock:
+            return self._costs.get((workload, device))
+
+
 def per_call_ms(batch_ms: float, baseline_ms: float, calls: int) -> float:
     return max(batch_ms - baseline_ms, 0.0) / calls
 
 
-def harness_per_call_ms(baseline_ms: list[float], sizes: list[int]) -> float:
-    """The cheapest harness cost per call over the job: other load on the host only ever adds time."""
-    return min(base / size for base, size in zip(baseline_ms, sizes))
+def harness_per_call_ms(baseline_ms: list[float], sizes: list[int], clean_ms: float | None = None) -> float:
+    """The cheapest harness cost per call over the job: other load on the host only ever adds time. Never
+    more than `clean_ms`, the cost measured while no untrusted process could touch the device
+    (CleanSteps): GPU work a worker leaves running after its reply is not stopped with it, shares the
+    device with the judge's steps and would make them look dearer."""
+    least = min(base / size for base, size in zip(baseline_ms, sizes))
+    return least if clean_ms is None else min(least, clean_ms)
 
 
-def judge_per_call_ms(batch_ms: list[float], baseline_ms: list[float], sizes: list[int]) -> list[float]:
+def judge_per_call_ms(batch_ms: list[float], baseline_ms: list[float], sizes: list[int],
+                      clean_ms: float | None = None) -> list[float]:
     """Each batch's time per call, less the cheapest harness cost per call measured over the job. Every
     call of a job runs the same harness steps, and other load on the host only ever adds time to a
     baseline: a baseline slowed by load must not take the solution's own time away with it."""
-    harness = harness_per_call_ms(baseline_ms, sizes)
+    harness = harness_per_call_ms(baseline_ms, sizes, clean_ms)
     return [per_call_ms(batch, harness * size, size) for batch, size in zip(batch_ms, sizes)]
 
 
@@ -89,7 +120,7 @@ def disagreement(worker_ms: float, judge_ms: float, device_type: str) -> str | N
 
 
 def skipped_steps(batch_ms: list[float], baseline_ms: list[float], sizes: list[int], worker_ms: list[float],
-                  device_type: str) -> str | None:
+                  device_type: str, clean_ms: float | None = None) -> str | None:
     """Why the batches cannot have run the harness's steps before each call, if they cannot: the judge
     subtracts steps it assumes ran (above all the L2 flush), so a worker that skips them would shorten
     the judge's clock by their cost. Each batch must last its steps (the judge's own, cheapest per
@@ -97,7 +128,7 @@ def skipped_steps(batch_ms: list[float], baseline_ms: list[float], sizes: list[i
     SKIPPED_STEPS_SHARE of the steps. GPU only, as `disagreement`."""
     if device_type != "cuda":
         return None
-    steps = harness_per_call_ms(baseline_ms, sizes)
+    steps = harness_per_call_ms(baseline_ms, sizes, clean_ms)
     shortfalls, start = [], 0
     for batch, size in zip(batch_ms, sizes):
         calls = worker_ms[start:start + size]

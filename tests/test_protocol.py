@@ -8,13 +8,14 @@ import os
 import pickle
 import socket
 import struct
+import time
 
 import pytest
 from pydantic import ValidationError
 
-from flashbench.run.protocol import (ARENA_TAG, MAX_FRAME_BYTES, ArenaHandle, BatchDone, CallTimes, Channel, ChannelClosed,
-                                     ChannelTimeout, Failed, Open, Opened, ProtocolError, Ready, fd_socket_pair,
-                                     parse_reply, receive_fd, send_fd)
+from flashbench.run.protocol import (ARENA_TAG, MAX_FRAME_BYTES, ArenaHandle, Batch, BatchDone, Call, CallTimes,
+                                     Channel, ChannelClosed, ChannelTimeout, Failed, Open, Opened, ProtocolError, Ready,
+                                     fd_socket_pair, parse_reply, receive_fd, send_fd)
 
 
 @pytest.fixture
@@ -33,6 +34,19 @@ def test_a_reply_round_trips(pipe_pair):
     assert parse_reply(judge.receive_json(timeout=5)) == CallTimes(event_ms=[0.5, 0.25])
     worker.send(BatchDone())
     assert parse_reply(judge.receive_json(timeout=5)) == BatchDone()
+
+
+def test_a_request_the_worker_never_reads_times_out_instead_of_blocking_the_judge(pipe_pair):
+    """A worker that stops reading (and shrinks its pipe to a page) must not hold the judge in os.write: a
+    request larger than the pipe, on the judge's non-blocking end, fails at its deadline."""
+    judge, worker = pipe_pair
+    fcntl.fcntl(worker.read_fd, 1031, 4096)  # F_SETPIPE_SZ, as a worker can
+    os.set_blocking(judge.write_fd, False)
+    large = Batch(calls=[Call(set=0, slot=k, seed=k) for k in range(4000)])
+    started = time.monotonic()
+    with pytest.raises(ChannelTimeout):
+        judge.send(large, timeout=0.3)
+    assert time.monotonic() - started < 5
 
 
 def test_a_pickle_is_not_a_reply(pipe_pair):

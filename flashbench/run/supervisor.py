@@ -74,7 +74,8 @@ class WorkerProcess:
             os.close(from_worker)
             worker_socket.close()
         worker = cls(process, Channel(to_judge, from_judge), exchange, log_path, isolation, fd_socket)
-        worker.channel.send(setup)
+        worker.channel.send(setup)  # read before any solution code is imported
+        os.set_blocking(from_judge, False)  # from here on, every request has a deadline (Channel.send)
         return worker
 
     def ask(self, request, timeout: float, fd: int | None = None) -> Ready | Failed | BatchDone:
@@ -90,7 +91,7 @@ class WorkerProcess:
                     send_fd(self.fd_socket, fd)
                 except ProtocolError as exc:
                     raise self.end("REJECTED", str(exc)) from None
-            self.channel.send(request)
+            self.channel.send(request, timeout)
             payload = self.channel.receive_json(timeout)
             elapsed_ms = (time.perf_counter() - start) * 1e3
             return parse_reply(payload), elapsed_ms
@@ -147,9 +148,9 @@ class WorkerProcess:
         """Ends the worker and everything in its sandbox; removes its files. Safe to call twice."""
         if self.process.poll() is None:
             try:
-                self.channel.send(Stop())
+                self.channel.send(Stop(), timeout=2)
                 self.process.wait(timeout=2)
-            except (ChannelClosed, subprocess.TimeoutExpired):
+            except (ChannelClosed, ChannelTimeout, subprocess.TimeoutExpired):
                 pass
         sandbox.end_sandbox(self.process, self.isolation)
         self.channel.close()

@@ -359,3 +359,15 @@ def test_a_dependency_that_is_not_a_top_level_name_is_refused_with_one_line(tmp_
     expected = f"{path}: dependencies: {dependency!r} must be the name of an installed package"
     assert str(refused.value).startswith(expected)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("field, value", [("name", ".."), ("name", "."), ("name", ".hidden"), ("name", "a/b"),
+                                          ("definition", ".."), ("definition", "../../tmp")])
+def test_a_solutions_name_and_definition_are_folder_names_never_dot_or_dotdot(tmp_path, field, value):
+    """`flashbench submit` installs a folder at solutions/<definition>/<name>/, replacing what is there: a
+    name of '..' would have replaced every solution of the definition."""
+    path = tmp_path / "solution.yaml"
+    path.write_text(yaml.safe_dump({**SOLUTION_MANIFEST, field: value}))
+    with pytest.raises(FlashbenchError) as refused:
+        load_model(Solution, path)
+    assert f"{path}: {field}:" in str(refused.value)

@@ -106,7 +106,7 @@ class CostModel(Strict):
 
 
 class Definition(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a folder name too (solutions/<name>/)
     op_type: str
     description: str = ""
     tags: list[str] = []

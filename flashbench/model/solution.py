@@ -8,7 +8,10 @@ from pydantic import Field, model_validator
 from .definition import Strict
 
 SHARED_FOLDER = "_shared"  # solutions/_shared/<name>/: files that several solution folders use
-_SHARED_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # one folder name: no path, no '.' or '..'
+# A name that is also a folder (solutions/<definition>/<name>/, solutions/_shared/<name>/): no path,
+# and never '.' or '..'.
+FOLDER_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+_SHARED_NAME = re.compile(FOLDER_NAME)
 # A dependency: a top-level distribution or module name (no '.': the judge looks it up without importing, and
 # a dotted name would import its parents), optionally with version clauses (recorded, not checked).
 _VERSION_CLAUSE = r"(?:==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!]+"
@@ -22,8 +25,8 @@ def dependency_name(dependency: str) -> str | None:
 
 
 class Solution(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    definition: str
+    name: str = Field(pattern=FOLDER_NAME)
+    definition: str = Field(pattern=FOLDER_NAME)
     author: str
     description: str = ""
     language: Literal["python", "triton", "cuda"]

@@ -172,6 +172,23 @@ def test_garbage_on_the_reply_pipe_is_a_malformed_reply(start, tmp_path, garbage
     assert not worker.alive() and left_in(tmp_path / "workers") == []
 
 
+def test_a_reply_queued_ahead_of_its_request_is_refused(start, tmp_path):
+    """A worker that writes one frame more than it is asked for (here a Ready while it builds, so its own
+    answer to the Build comes second) would have the next request answered before it ran."""
+    worker = start("""
+        import os, struct, sys
+        frame = b'{"kind": "ready"}'
+        os.write(int(sys.argv[2]), struct.pack("<I", len(frame)) + frame)
+    """)
+    assert isinstance(worker.ask(Probe(), 120), Ready)
+    assert isinstance(worker.ask(Build(), 60), Ready)  # the frame it wrote, taken for its answer
+    with pytest.raises(WorkerGone) as gone:
+        for _ in range(3):  # the frame one ahead is waiting at the latest by the time the next request goes
+            worker.ask(Probe(), 60)
+    assert gone.value.status == "REJECTED" and "not asked for" in gone.value.message
+    assert not worker.alive() and left_in(tmp_path / "workers") == []
+
+
 # Death by a signal.
 
 @pytest.mark.parametrize("isolation", LEVELS)

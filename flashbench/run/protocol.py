@@ -228,6 +228,10 @@ class Channel:
         except OSError as exc:  # BrokenPipeError included
             raise ChannelClosed(str(exc)) from None
 
+    def pending(self) -> bool:
+        """Something to read (a frame, or the end of the pipe) right now."""
+        return bool(select.select([self.read_fd], [], [], 0)[0])
+
     def receive_json(self, timeout: float | None = None) -> bytes:
         deadline = None if timeout is None else time.monotonic() + timeout
         (length,) = _LENGTH.unpack(self._read(_LENGTH.size, deadline))

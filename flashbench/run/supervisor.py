@@ -84,6 +84,7 @@ class WorkerProcess:
     def timed_ask(self, request, timeout: float, fd: int | None = None) -> tuple[Ready | Failed | BatchDone, float]:
         """The reply, and the judge's own time from sending the request to reading the reply (ms).
         `fd` (a CPU job's arena, with its Open) goes over the descriptor socket just before the request."""
+        self._refuse_unasked_frames()
         try:
             start = time.perf_counter()
             if fd is not None:
@@ -105,6 +106,20 @@ class WorkerProcess:
             raise self.end("CRASHED", describe_exit(self.process.poll())) from None
         except ProtocolError as exc:
             raise self.end("REJECTED", f"the worker's reply is malformed: {exc}") from None
+
+    def _refuse_unasked_frames(self) -> None:
+        """Every reply answers the request before it: a frame already waiting (a reply queued ahead, so
+        that the next batch's clock would stop at once) is refused. The end of the pipe (a dead worker)
+        is left to the request, which finds it."""
+        if not self.channel.pending():
+            return
+        try:
+            self.channel.receive_json(timeout=1.0)
+        except ChannelClosed:
+            return
+        except (ChannelTimeout, ProtocolError):
+            pass
+        raise self.end("REJECTED", "the worker sent a frame it was not asked for (a reply queued ahead)")
 
     def end(self, status: str, message: str) -> WorkerGone:
         """Close the worker; the error that says why, with its log."""

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from flashbench import Repo
+from flashbench import FlashbenchError, Repo
 from flashbench.build import MAX_FILE_BYTES, FolderError, content_hash
 from flashbench.registry import load_solution_folder
-from flashbench.run import RunOptions, Runner
+from flashbench.run import RunOptions, Runner, select_solutions
 from flashbench.run.plan import install_solution, stage_solution
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,3 +92,20 @@ def test_install_copies_through_the_same_walk(tmp_path):
     os.mkfifo(path / "pipe")
     with pytest.raises(FolderError):
         install_solution(Repo(root), path)
+
+
+def test_a_folder_run_from_elsewhere_may_not_take_the_name_of_one_in_the_repository(tmp_path):
+    """Boards tell solutions apart by name: a folder passed by path that called itself torch_vectorized took
+    that solution's row."""
+    repo = Repo(REPO)
+    impostor = tmp_path / "impostor"
+    shutil.copytree(REPO / "solutions" / DEFINITION / "torch_vectorized", impostor)
+    (copy,) = select_solutions(repo, DEFINITION, [str(impostor)])  # the same code: the same row, rightly
+    assert copy.solution.name == "torch_vectorized"
+    with (impostor / "kernel.py").open("a") as kernel:
+        kernel.write("\n# another solution now\n")
+    with pytest.raises(FlashbenchError) as refused:
+        select_solutions(repo, DEFINITION, [str(impostor)])
+    assert refused.value.field == "name" and "is taken by" in refused.value.message
+    (own,) = select_solutions(repo, DEFINITION, [str(REPO / "solutions" / DEFINITION / "torch_vectorized")])
+    assert own.solution.name == "torch_vectorized"  # the repository's own folder, by path, is itself

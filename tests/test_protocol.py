@@ -66,6 +66,7 @@ def test_a_pickle_is_not_a_reply(pipe_pair):
     (b'{"kind": "failed", "status": "PASSED", "message": ""}', "status"),  # only the judge says PASSED
     (b'{"kind": "verdict", "status": "PASSED"}', "kind"),
     (b'{"kind": "call_times", "event_ms": [-1.0]}', "event_ms"),
+    (b'{"kind": "call_times", "event_ms": [1e308, 1e308]}', "event_ms"),  # finite, but their sum is not
     (b'{"kind": "call_times", "event_ms": [1.0], "passed": true}', "passed"),
     (b'{"kind": "batch_done", "event_ms": [1.0]}', "event_ms"),  # times come only when asked, off the clock
     (b'{"kind": "ready"', "message"),

@@ -460,3 +460,29 @@ def test_the_spec_crosses_the_command_line_unchanged():
     assert command[-4:] == ["namespaces", "flashbench.run.worker", "3", "4"]
     with pytest.raises(ValueError, match="unknown isolation level 'chroot'"):
         sandbox.worker_command("chroot", spec, "flashbench.run.worker", [])
+
+
+def test_remove_tree_takes_a_folder_deeper_than_the_stack_and_path_max(tmp_path):
+    """A worker nested 3000 folders in its exchange directory: shutil.rmtree recursed into a RecursionError
+    that ended the run. Links are removed, never followed; an unreadable folder is still emptied."""
+    top = tmp_path / "exchange"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept").write_text("x")
+    fd = os.open(tmp_path, os.O_RDONLY)
+    os.mkdir("exchange", dir_fd=fd)
+    current = os.open("exchange", os.O_RDONLY, dir_fd=fd)
+    os.close(fd)
+    for _ in range(3000):  # relative to an open folder: the whole path would be past PATH_MAX
+        os.mkdir("d", dir_fd=current)
+        os.symlink(str(outside), "link", dir_fd=current)
+        deeper = os.open("d", os.O_RDONLY, dir_fd=current)
+        os.close(current)
+        current = deeper
+    os.close(current)
+    (top / "locked").mkdir()
+    (top / "locked" / "f").write_text("x")
+    (top / "locked").chmod(0)
+    sandbox.remove_tree(top)
+    assert not top.exists() and (outside / "kept").read_text() == "x"
+    sandbox.remove_tree(top)  # nothing there: no error

@@ -10,6 +10,7 @@ import pytest
 
 from flashbench import FlashbenchError, Repo
 from flashbench.model import OutputError, Trace
+from flashbench.model.trace import printable_line
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
 from flashbench.traces import append_trace, check_writable, hardware_slug, read_traces, trace_path
 
@@ -141,7 +142,8 @@ def test_unusual_characters_in_a_log_round_trip(tmp_path, text):
     append_trace(path, make_trace(1))
     traces = read_traces(path)
     assert [t.workload for t in traces] == ["w0", "w1"]
-    assert traces[0].message == text and traces[0].log == text * 3
+    assert traces[0].log == text * 3
+    assert traces[0].message == printable_line(text)  # the message is one printable line (below)
 
 
 def test_infinite_and_nan_errors_round_trip(tmp_path):
@@ -207,3 +209,12 @@ def test_graph_timing_on_a_cpu_is_refused_before_any_work(repo_copy, shared_cach
     with pytest.raises(FlashbenchError, match="needs a CUDA device"):
         Runner(Repo(repo_copy), DEFINITION, options)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_trace_message_is_one_printable_line():
+    """A solution's exception text reaches the message: escape sequences (window title, clipboard, erased
+    lines) must not reach the operator's terminal, nor the published trace."""
+    trace = make_trace(0, status="RUNTIME_ERROR")
+    forged = Trace.model_validate({**trace.model_dump(), "message": "Error\x1b]52;c;ZXZpbA==\x07\x1b[2K\nnext\tline"})
+    assert forged.message == "Error?]52;c;ZXZpbA==??[2K next line" and forged.message.isprintable()
+    assert Trace.model_validate({**trace.model_dump(), "message": "µs — ok"}).message == "µs — ok"

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Status = Literal[
     "PASSED", "INCORRECT_SHAPE", "INCORRECT_DTYPE", "INCORRECT_NUMERICAL", "RUNTIME_ERROR",
@@ -41,6 +41,14 @@ class Performance(BaseModel):
     crosscheck: dict = Field({}, description="an independent measurement and whether it agrees")
 
 
+def printable_line(text: str) -> str:
+    """`text` as one line of printable characters: white space becomes a space, any other control
+    character (an escape sequence's ESC, say) a '?'."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else " " if c.isspace() else "?" for c in text)
+
+
 class Trace(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -53,7 +61,7 @@ class Trace(BaseModel):
     author: str
     hardware: str
     status: Status
-    message: str = ""
+    message: str = Field("", description="one line, printable: what a solution wrote into it cannot drive a terminal")
     log: str = ""
     correctness: dict[str, OutputError] = {}
     performance: Performance | None = None
@@ -62,3 +70,8 @@ class Trace(BaseModel):
     imported_from: str | None = Field(None, description="the board source it was imported from (traces/imported/<source>/); "
                                                         "None for this project's own runs")
     timestamp: str
+
+    @field_validator("message")
+    @classmethod
+    def _one_printable_line(cls, message: str) -> str:
+        return printable_line(message)

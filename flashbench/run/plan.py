@@ -76,8 +76,14 @@ def select_solutions(repo: Repo, definition: str, selectors: list[str], cache_di
         else:
             raise FlashbenchError(f"no solution {selector!r} for {definition}; known: {', '.join(by_name) or 'none'}")
     for folder in chosen:
+        manifest = folder.path / "solution.yaml"
         if folder.solution.definition != definition:
-            raise FlashbenchError(f"solves {folder.solution.definition!r}, not {definition!r}", folder.path / "solution.yaml", "definition")
+            raise FlashbenchError(f"solves {folder.solution.definition!r}, not {definition!r}", manifest, "definition")
+        known = by_name.get(folder.solution.name)
+        if known is not None and known.content_hash() != folder.content_hash():
+            # Boards tell solutions apart by name: this one would take the other's row.
+            raise FlashbenchError(f"the name {folder.solution.name!r} is taken by {known.path}, which holds other "
+                                  "code; a solution run from elsewhere needs a name of its own", manifest, "name")
     return chosen
 
 

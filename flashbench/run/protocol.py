@@ -170,6 +170,9 @@ class BatchDone(Message):
     kind: Literal["batch_done"] = "batch_done"
 
 
+MAX_CALL_MS = 1e7  # about three hours: past any run's timeout
+
+
 class CallTimes(Message):
     """The worker's own times of the last batch's calls (ms): advisory, never the ranked figure."""
 
@@ -179,8 +182,8 @@ class CallTimes(Message):
     @field_validator("event_ms")
     @classmethod
     def _finite(cls, values: list[float]) -> list[float]:
-        if not all(math.isfinite(v) and v >= 0 for v in values):
-            raise ValueError("times must be finite and not negative")
+        if not all(math.isfinite(v) and 0 <= v <= MAX_CALL_MS for v in values):  # their sum must stay finite
+            raise ValueError(f"times must be finite, not negative and at most {MAX_CALL_MS:g} ms")
         return values
 
 

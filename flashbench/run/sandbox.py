@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 ISOLATION_LEVELS = ("namespaces", "process")  # strongest first
 ISOLATION_VARIABLE = "FLASHBENCH_ISOLATION"
@@ -408,6 +409,46 @@ def sandbox_processes(pid: int, isolation: str) -> list[int]:
     else:
         members = [p for p, group in _live_processes().items() if group == worker]
     return sorted(p for p in members if p != worker)
+
+
+def remove_tree(path: Path) -> None:
+    """Removes a folder a worker could write, and all in it, never raising: without recursion or deep
+    paths (a worker can nest folders deeper than Python's stack and than PATH_MAX: each sub-folder is
+    first moved up to the top before it is emptied) and without following links."""
+    top = str(path)
+    token = os.urandom(6).hex()
+    pending, moved = [top], 0
+    while pending:
+        current = pending.pop()
+        try:
+            os.chmod(current, 0o700)  # a folder the worker made unreadable is still emptied
+        except OSError:
+            pass
+        try:
+            with os.scandir(current) as listing:
+                entries = list(listing)
+        except OSError:
+            entries = []
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    moved += 1
+                    target = os.path.join(top, f".removing-{token}-{moved}")
+                    os.rename(entry.path, target)
+                    pending.append(target)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                pass
+        if current != top:
+            try:
+                os.rmdir(current)
+            except OSError:
+                pass
+    try:
+        os.rmdir(top)
+    except OSError:
+        pass
 
 
 def end_sandbox(process: subprocess.Popen, isolation: str) -> None:

@@ -3,7 +3,6 @@
 import contextlib
 import ctypes
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -171,7 +170,7 @@ class WorkerProcess:
         self.channel.close()
         if self.fd_socket is not None:
             self.fd_socket.close()  # an arena sent and never taken goes with it
-        shutil.rmtree(self.exchange_dir, ignore_errors=True)
+        sandbox.remove_tree(self.exchange_dir)
         self.log_path.unlink(missing_ok=True)
 
 

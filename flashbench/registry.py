@@ -88,10 +88,17 @@ def load_definition_file(path: Path, root: Path) -> DefinitionFile:
     return DefinitionFile(path, definition)
 
 
+MAX_MANIFEST_BYTES = 64 << 10
+
+
 def load_solution_folder(path: Path) -> SolutionFolder:
     manifest = path / "solution.yaml"
     if not manifest.is_file():
         raise FlashbenchError("no solution.yaml in this folder", path)
+    size = manifest.stat().st_size
+    if size > MAX_MANIFEST_BYTES:  # it travels whole to the worker, whose frames are capped
+        raise FlashbenchError(f"solution.yaml is {size} bytes; a manifest may have {MAX_MANIFEST_BYTES >> 10} KiB",
+                              manifest)
     solution = load_model(Solution, manifest)
     if solution.name == REFERENCE:  # the runner times the definition's own reference under this name
         raise FlashbenchError(f"the name {REFERENCE!r} is the definition's reference's; a solution may not take it",

@@ -2,10 +2,12 @@
 copy of the repository so nothing is written into the real one."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from click.testing import CliRunner
 
 from flashbench.calibrate import save_calibration
@@ -103,6 +105,23 @@ def test_submit_of_wrong_values_exits_1_and_copies_nothing(module_repo, tmp_path
     assert not (module_repo / "solutions" / DEFINITION / "wrong_values").exists()
     (trace_file,) = tmp_path.glob(f"*/{DEFINITION}.jsonl")
     assert "INCORRECT_NUMERICAL" in trace_file.read_text()  # the failure is recorded too
+
+
+def test_submit_under_the_name_of_a_repository_solution_with_other_code_exits_2_before_running(fresh_repo,
+                                                                                             tmp_path):
+    """A failed submit recorded its traces under the name, and so took that solution's board row."""
+    repository = Path(__file__).resolve().parents[1]
+    shutil.copytree(repository / "solutions" / DEFINITION / "torch_vectorized",
+                    fresh_repo / "solutions" / DEFINITION / "torch_vectorized")
+    impostor = tmp_path / "solutions" / DEFINITION / "impostor"
+    shutil.copytree(FIXTURES / "wrong_values", impostor, symlinks=True)
+    shutil.copytree(FIXTURES.parent / "_shared", tmp_path / "solutions" / "_shared")  # its decode_support
+    manifest = yaml.safe_load((impostor / "solution.yaml").read_text())
+    (impostor / "solution.yaml").write_text(yaml.safe_dump({**manifest, "name": "torch_vectorized"}))
+    result = invoke(fresh_repo, "submit", str(impostor), "--trace-dir", str(tmp_path / "traces"), *FAST)
+    assert result.exit_code == 2, result.output
+    assert "is taken by" in result.output and "results" not in result.output
+    assert not (tmp_path / "traces").exists()
 
 
 def test_submit_of_an_invalid_folder_exits_2_before_running(module_repo):

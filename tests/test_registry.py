@@ -210,6 +210,17 @@ def test_a_solution_may_not_take_the_references_name(root):
     assert info.value.field == "name" and "reference" in info.value.message
 
 
+def test_an_oversized_manifest_is_refused_with_one_line(root):
+    """The manifest travels whole to the worker in its first message: a 2 MiB description made the worker
+    refuse that frame and the run end."""
+    path = add_solution(root, DECODE, DECODE)
+    manifest = yaml.safe_load((path / "solution.yaml").read_text())
+    (path / "solution.yaml").write_text(yaml.safe_dump({**manifest, "description": "x" * (2 << 20)}))
+    with pytest.raises(FlashbenchError) as info:
+        load_solution_folder(path)
+    assert "a manifest may have 64 KiB" in info.value.message and info.value.file == str(path / "solution.yaml")
+
+
 # --- shared folders: solutions/_shared/<name>/, named by a solution's `shared` field ---------------
 
 def add_shared(root: Path, name: str, files: dict[str, str]) -> Path:

@@ -79,12 +79,19 @@ def select_solutions(repo: Repo, definition: str, selectors: list[str], cache_di
         manifest = folder.path / "solution.yaml"
         if folder.solution.definition != definition:
             raise FlashbenchError(f"solves {folder.solution.definition!r}, not {definition!r}", manifest, "definition")
-        known = by_name.get(folder.solution.name)
-        if known is not None and known.content_hash() != folder.content_hash():
-            # Boards tell solutions apart by name: this one would take the other's row.
-            raise FlashbenchError(f"the name {folder.solution.name!r} is taken by {known.path}, which holds other "
-                                  "code; a solution run from elsewhere needs a name of its own", manifest, "name")
+        check_name_is_its_own(by_name, folder)
     return chosen
+
+
+def check_name_is_its_own(by_name: dict[str, SolutionFolder], folder: SolutionFolder) -> None:
+    """Boards tell solutions apart by name: a folder from elsewhere that took the name of a repository
+    folder (`by_name`, of the same definition) holding other code would take that one's row, even
+    with a failed run."""
+    known = by_name.get(folder.solution.name)
+    if known is not None and known.content_hash() != folder.content_hash():
+        raise FlashbenchError(f"the name {folder.solution.name!r} is taken by {known.path}, which holds other "
+                              "code; a solution from elsewhere needs a name of its own", folder.path / "solution.yaml",
+                              "name")
 
 
 def candidates(repo: Repo, definition: Definition, folders: list[SolutionFolder], cache_dir: Path) -> list[Candidate]:

@@ -88,7 +88,9 @@ def check_name_is_its_own(by_name: dict[str, SolutionFolder], folder: SolutionFo
     folder (`by_name`, of the same definition) holding other code would take that one's row, even
     with a failed run."""
     known = by_name.get(folder.solution.name)
-    if known is not None and known.content_hash() != folder.content_hash():
+    if known is None or known.path.resolve() == folder.path.resolve():  # selected by name: itself
+        return
+    if known.content_hash() != folder.content_hash():
         raise FlashbenchError(f"the name {folder.solution.name!r} is taken by {known.path}, which holds other "
                               "code; a solution from elsewhere needs a name of its own", folder.path / "solution.yaml",
                               "name")

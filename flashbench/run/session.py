@@ -284,23 +284,25 @@ class _Job:
                 _poison(tensor)
         _synchronize(self.session.device)
         reply, elapsed_ms = self.worker.timed_ask(batch, self.settings.timeout)
-        if isinstance(reply, Failed):
-            raise reported_failure(reply, self.worker.log_tail(), worker_usable=self.session.device == "cpu")
-        if not isinstance(reply, BatchDone):
+        if not isinstance(self.unless_failed(reply), BatchDone):
             raise _Stop(self.rejected("the worker's reply does not match the batch it was sent"))
         for k, label in picked.items():  # copies taken now: nothing written later counts
             outputs = {name: tensor.clone() for name, tensor in self.arena_slots[calls[k].slot].items()}
             self.reads.append(_Read(label, len(self.history) - 1, k, outputs))
         self.reject_leftovers()
         self.reject_changed_inputs()
-        times = self.worker.ask(ReadTimes(), self.settings.timeout)
-        if isinstance(times, Failed):
-            raise reported_failure(times, self.worker.log_tail(), worker_usable=self.session.device == "cpu")
+        times = self.unless_failed(self.worker.ask(ReadTimes(), self.settings.timeout))
         if not isinstance(times, CallTimes) or len(times.event_ms) != len(calls):
             raise _Stop(self.rejected("the worker's times do not match the batch it was sent"))
         if timed:
             self.times.worker_ms += times.event_ms
         return elapsed_ms, batch
+
+    def unless_failed(self, reply):
+        """`reply`, unless the worker reported a failure: then the job ends with it (a GPU worker is not reused)."""
+        if isinstance(reply, Failed):
+            raise reported_failure(reply, self.worker.log_tail(), worker_usable=self.session.device == "cpu")
+        return reply
 
     def replay(self, batch: Batch, each_call: Callable[[int, Call], None] = lambda k, call: None) -> None:
         """The batch's redraws on the judge's copies of the sets, `each_call` seeing each call's inputs."""

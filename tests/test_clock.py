@@ -125,11 +125,11 @@ def test_clean_steps_keep_the_least_cost_per_call_of_each_workload_and_device():
 
 @pytest.mark.parametrize("worker, judge, flagged", [
     (1.0, 1.0, False),          # equal
-    (0.4, 1.0, False),          # more than the share of the judge's time (an honest host-heavy call)
-    (0.25, 1.0, False),         # exactly the share: not flagged
-    (0.2, 1.0, True),           # under the share and 0.8 ms apart
-    (0.0005, 0.02, False),      # under the share, but within the slack (a few µs of handshake per call)
-    (0.0005, 0.025, True),      # under the share and just beyond the slack
+    (0.2, 1.0, False),          # more than the share of the judge's time (an honest host-heavy call)
+    (0.05, 1.0, False),         # exactly the share: not flagged
+    (0.04, 1.0, True),          # under the share and 0.96 ms apart
+    (0.0005, 0.1, False),       # under the share, but within the slack (a few µs of handshake per call)
+    (0.0005, 0.11, True),       # under the share and just beyond the slack
     (2.0, 1.0, False),          # a worker clock above the judge's is never flagged
 ])
 def test_the_flagging_rule_on_a_gpu(worker, judge, flagged):
@@ -138,8 +138,8 @@ def test_the_flagging_rule_on_a_gpu(worker, judge, flagged):
 
 
 def test_the_rejection_gives_both_figures():
-    message = disagreement(0.1, 1.0, "cuda")
-    assert "clock disagrees" in message and "100.0 µs" in message and "1000.0 µs" in message
+    message = disagreement(0.01, 1.0, "cuda")
+    assert "clock disagrees" in message and "10.0 µs" in message and "1000.0 µs" in message
 
 
 @pytest.mark.parametrize("worker, judge", [(0.0, 1.0), (0.001, 5.0), (1.0, 1.0)])

@@ -270,6 +270,37 @@ def test_a_worker_that_cannot_be_used_again_is_replaced_for_the_next_job():
     assert workers[1].closed.is_set() and len(judge.starts) == 2
 
 
+OUT_OF_MEMORY = JobOutcome(status="RUNTIME_ERROR", message="OutOfMemoryError: CUDA out of memory.", worker_usable=False)
+
+
+def test_a_job_out_of_memory_after_others_on_its_worker_runs_again_on_a_fresh_one():
+    """A solution's caches can hold earlier jobs' memory: the job that finds the device full gets one
+    more run, on a worker with nothing left behind, and that run is its result."""
+    judge = FakeJudge(seconds=0)
+    judge.outcomes[2] = OUT_OF_MEMORY
+    first_try = judge.run
+
+    def run(worker, job, device):  # out of memory only on the worker that ran jobs 0 and 1
+        outcome = first_try(worker, job, device)
+        return outcome if worker is judge.ran[0][1] else JobOutcome(status="PASSED", message=f"job {job.index}")
+
+    judge.run = run
+    with DevicePool(judge, ["cpu"]) as pool:
+        done = list(pool.run(fake_jobs(4)))
+    assert [outcome.status for _, outcome, _ in done] == ["PASSED"] * 4
+    assert [index for index, _ in judge.ran] == [0, 1, 2, 2, 3] and len(judge.starts) == 2
+    assert judge.ran[2][1].closed.is_set() and judge.ran[3][1] is judge.ran[4][1]
+
+
+def test_a_job_out_of_memory_on_a_fresh_worker_is_not_run_again():
+    judge = FakeJudge(seconds=0)
+    judge.outcomes[0] = OUT_OF_MEMORY
+    with DevicePool(judge, ["cpu"]) as pool:
+        done = list(pool.run(fake_jobs(2)))
+    assert [outcome.status for _, outcome, _ in done] == ["RUNTIME_ERROR", "PASSED"]
+    assert [index for index, _ in judge.ran] == [0, 1]
+
+
 def test_each_candidate_gets_a_worker_of_its_own():
     judge = FakeJudge(seconds=0)
     first, second = SimpleNamespace(name="a"), SimpleNamespace(name="b")

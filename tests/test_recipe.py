@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from flashbench.run.protocol import Batch, Call
-from flashbench.run.recipe import FLUSH_METHODS, CallClock, InputSets, L2Flush, flush_label, run_batch
+from flashbench.run.recipe import (FLUSH_METHODS, CallClock, InputSets, L2Flush, flush_label, release_cached_memory,
+                                   run_batch)
 from flashbench.workloads import random_inputs
 
 
@@ -107,3 +108,13 @@ def decode_inputs():
     workload = next(w for w in repo.workload_set(name).workloads if w.name == "smoke_mixed")
     made = generate_inputs(definition, workload, 7, "cpu", repo.definition_path(name).parent)
     return definition, workload, {k: v for k, v in made.items() if isinstance(v, torch.Tensor)}
+
+
+@pytest.mark.parametrize("device, released", [("cuda:0", True), ("cpu", False)])
+def test_cached_device_memory_goes_back_before_a_worker_needs_it(monkeypatch, device, released):
+    """The judge's allocator cache is memory a worker, a process of its own, cannot use."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    release_cached_memory(device)
+    assert calls == (["empty_cache"] if released else [])

@@ -24,7 +24,7 @@ from .judge.references import ReferenceStore
 from .options import GPU_CHECKED_CALLS, MIN_BATCHES, SLOT_BUDGET_BYTES, TARGET_BATCH_MS, RunOptions
 from .plan import Candidate, Job
 from .protocol import Build, Failed, Probe, Setup
-from .recipe import L2Flush
+from .recipe import L2Flush, release_cached_memory
 from .session import JobOutcome, Session, SessionSettings
 from .supervisor import WorkerGone, WorkerProcess
 
@@ -135,6 +135,7 @@ class JobJudge:
         session = Session(self.settings(job.candidate, device), self.references, self.flush(device), device,
                           on_phase=lambda phase: self.on_phase(job, phase), clean_steps=self.clean_steps,
                           trusted=job.candidate.solution.name == REFERENCE)
+        release_cached_memory(device)  # the references and the last job's arena: the worker's now
         return session.run(worker, job.workload, job.candidate.solution.destination_passing_style)
 
     def settings(self, candidate: Candidate, device: str) -> SessionSettings:

@@ -63,6 +63,7 @@ class Lane:
         self.device = device
         self.candidate = None
         self.worker = None
+        self.jobs_on_worker = 0  # jobs its worker has run: state they left in it is the next jobs'
 
     def run(self, job) -> JobOutcome:
         if job.candidate is not self.candidate:
@@ -79,6 +80,18 @@ class Lane:
         self.settle_references(job.workload)
         if self.worker is None:  # ended to free the device for the references
             self.worker = self._start(job.candidate)
+        outcome = self._run_on_worker(job)
+        if outcome.out_of_memory and self.jobs_on_worker > 1:
+            # What the worker's earlier jobs left in it (a solution's caches holding their arenas)
+            # is not this job's to pay for: once more, on a fresh worker.
+            self.close()
+            self.worker = self._start(job.candidate)
+            if self.worker is not None:
+                outcome = self._run_on_worker(job)
+        return outcome
+
+    def _run_on_worker(self, job) -> JobOutcome:
+        self.jobs_on_worker += 1
         outcome = self.judge.run(self.worker, job, self.device)
         if not outcome.worker_usable or not self.worker.alive():
             self.close()
@@ -96,6 +109,7 @@ class Lane:
             self.judge.references_for(workload, self.device)
 
     def _start(self, candidate):
+        self.jobs_on_worker = 0
         for _ in range(STARTS_BEFORE_OUT):
             try:
                 return self.judge.start_worker(candidate, self.device)

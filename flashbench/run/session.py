@@ -41,6 +41,12 @@ class JobOutcome(BaseModel):
     timing: dict | None = None  # summary statistics and the clocks' details, when timed
     worker_usable: bool = True  # False: the next job needs a fresh worker
 
+    @property
+    def out_of_memory(self) -> bool:
+        """The worker's word that a call ran out of device memory: a run on a fresh worker may tell
+        whether the job or what earlier jobs left behind used it up (the word costs only time)."""
+        return self.status == "RUNTIME_ERROR" and self.message.startswith(f"{torch.cuda.OutOfMemoryError.__name__}:")
+
 
 @dataclass
 class SessionSettings:

@@ -20,10 +20,11 @@ from .inputs import JobInputs, fresh_seed
 
 # Worker times under this share of the judge's, beyond the slack, cannot be honest. Judged on a GPU
 # only: on a CPU both clocks are the host's, and other load on it alone can split them. Honest pairs
-# on the H200 read down to 0.40 (a Triton kernel whose host work before its first launch, about
-# 40 µs, outlasts the device's lead: docs/measurement.md); forged timers read under 0.001. The
-# ranked figure is the larger clock either way: this rule names a lie, it does not set the rank.
-AGREEMENT_SHARE = 0.25
+# on the H200 read down to 0.195: a wrapper's host work per call (FlashMLA's, on a 20 µs sparse
+# decode) hides from its own events behind the flush queued before it, not from the judge
+# (docs/measurement.md). Forged timers read under 0.001. The ranked figure is the larger clock
+# either way: this rule names a lie, it does not set the rank, so a liar gains nothing above it.
+AGREEMENT_SHARE = 0.05
 SLACK_MS = 0.005
 # A batch runs the harness's steps and the calls one after the other, so it lasts at least as long as
 # both; one shorter by more than this share of the steps, beyond the slack, skipped steps (the flush).

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from flashbench.run.protocol import (ARENA_TAG, MAX_FRAME_BYTES, ArenaHandle, Batch, BatchDone, Call, CallTimes,
                                      Channel, ChannelClosed, ChannelTimeout, Failed, Open, Opened, ProtocolError, Ready,
-                                     fd_socket_pair, parse_reply, receive_fd, send_fd)
+                                     fd_socket_pair, frame, parse_reply, parse_request, receive_fd, send_fd)
 
 
 @pytest.fixture
@@ -34,6 +34,15 @@ def test_a_reply_round_trips(pipe_pair):
     assert parse_reply(judge.receive_json(timeout=5)) == CallTimes(event_ms=[0.5, 0.25])
     worker.send(BatchDone())
     assert parse_reply(judge.receive_json(timeout=5)) == BatchDone()
+
+
+def test_a_frame_made_ahead_arrives_as_its_message(pipe_pair):
+    """The judge encodes a timed request before its clock starts; the worker cannot tell."""
+    judge, worker = pipe_pair
+    batch = Batch(calls=[Call(set=k % 2, slot=k, seed=k + 7) for k in range(300)], fresh_seed=3)
+    judge.send(frame(batch), timeout=5)
+    judge.send(batch, timeout=5)
+    assert parse_request(worker.receive_json(timeout=5)) == batch == parse_request(worker.receive_json(timeout=5))
 
 
 def test_a_request_the_worker_never_reads_times_out_instead_of_blocking_the_judge(pipe_pair):

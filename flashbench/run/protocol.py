@@ -205,6 +205,12 @@ class ChannelClosed(Exception):
     pass
 
 
+def frame(message: Message) -> bytes:
+    """A message as it travels: its length, then its JSON."""
+    payload = message.model_dump_json().encode()
+    return _LENGTH.pack(len(payload)) + payload
+
+
 class Channel:
     """Frames over a pair of pipe file descriptors."""
 
@@ -212,12 +218,12 @@ class Channel:
         self.read_fd = read_fd
         self.write_fd = write_fd
 
-    def send(self, message: Message, timeout: float | None = None) -> None:
-        """ChannelTimeout when the other side takes too little of it within `timeout`: on a write end
+    def send(self, message: Message | bytes, timeout: float | None = None) -> None:
+        """`message`, or its frame made ahead (a timed request is encoded before its clock starts).
+        ChannelTimeout when the other side takes too little of it within `timeout`: on a write end
         that is not blocking (the judge's), a reader that stops reading, with a pipe made small, cannot
         hold the sender."""
-        payload = message.model_dump_json().encode()
-        data = memoryview(_LENGTH.pack(len(payload)) + payload)
+        data = memoryview(message if isinstance(message, bytes) else frame(message))
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while data:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import sandbox
 from .protocol import (BatchDone, Channel, ChannelClosed, ChannelTimeout, Failed, ProtocolError, Ready, Setup, Stop,
-                       fd_socket_pair, parse_reply, send_fd)
+                       fd_socket_pair, frame, parse_reply, send_fd)
 
 LOG_TAIL_BYTES = 4000
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -84,6 +84,7 @@ class WorkerProcess:
         """The reply, and the judge's own time from sending the request to reading the reply (ms).
         `fd` (a CPU job's arena, with its Open) goes over the descriptor socket just before the request."""
         self._refuse_unasked_frames()
+        request_frame = frame(request)  # encoded outside the clock: a batch of 300 calls takes 0.1 ms
         try:
             start = time.perf_counter()
             if fd is not None:
@@ -91,7 +92,7 @@ class WorkerProcess:
                     send_fd(self.fd_socket, fd)
                 except ProtocolError as exc:
                     raise self.end("REJECTED", str(exc)) from None
-            self.channel.send(request, timeout)
+            self.channel.send(request_frame, timeout)
             payload = self.channel.receive_json(timeout)
             elapsed_ms = (time.perf_counter() - start) * 1e3
             return parse_reply(payload), elapsed_ms

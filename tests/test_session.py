@@ -303,6 +303,13 @@ def test_the_larger_median_is_ranked(judge_ms, worker_ms, ranked):
     assert timing["clock"]["checked_calls"] == 5
 
 
+def test_the_steps_taken_away_are_recorded_with_what_they_were_chosen_from():
+    stand_in = timed([2.0, 2.2], [1.0, 1.1, 0.9, 1.0])
+    stand_in.times.baseline_ms, stand_in.times.clean_step_ms = [0.8, 0.6], 0.35
+    steps = stand_in.timing()["clock"]["steps_per_call_ms"]
+    assert steps == {"subtracted": 0.3, "least": 0.3, "median": 0.35, "clean": 0.35}
+
+
 def test_on_a_gpu_a_worker_clock_far_below_the_judges_is_rejected():
     with pytest.raises(_Stop) as stop:
         timed([2.0, 2.2], [0.01, 0.01, 0.01, 0.01], device="cuda").timing()

@@ -10,6 +10,7 @@ finally check the picked outputs against the reference on the same inputs.
 
 import math
 import random
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,8 @@ from ..dtypes import is_float, torch_dtype
 from ..model import OutputError, Status
 from .arena import Arena, plan_layout, views
 from .judge.check import CheckedCall, Verdict, check_job
-from .judge.clock import Baseline, CleanSteps, disagreement, judge_per_call_ms, skipped_steps, summarize
+from .judge.clock import (Baseline, CleanSteps, disagreement, harness_per_call_ms, judge_per_call_ms, skipped_steps,
+                          summarize)
 from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
 from .protocol import Batch, BatchDone, Call, CallTimes, Close, Failed, Open, Opened, ReadTimes
@@ -383,10 +385,19 @@ class _Job:
             "ranked_clock": name, "judge_method": "wall clock per batch, less the harness's steps run by the judge",
             "batches": len(self.times.batch_ms), "calls_per_batch": self.times.batch_sizes[0],
             "checked_calls": len(self.reads) - len(self.arena_sets) - 1,
+            "steps_per_call_ms": self.steps_per_call_ms(),
         }, "clocks": {
             "judge": {key: judge[key] for key in ("latency_ms", "p10_ms", "p90_ms", "ci_low_ms", "ci_high_ms", "samples")},
             "worker": {key: worker[key] for key in ("latency_ms", "p10_ms", "p90_ms", "ci_low_ms", "ci_high_ms", "samples")},
         }}
+
+    def steps_per_call_ms(self) -> dict:
+        """The harness's steps the judge's clock took away per call, and what that figure was chosen
+        from: its own baselines (least and median over the batches) and the clean measurement."""
+        times = self.times
+        own = [base / size for base, size in zip(times.baseline_ms, times.batch_sizes)]
+        return {"subtracted": harness_per_call_ms(times.baseline_ms, times.batch_sizes, times.clean_step_ms),
+                "least": min(own), "median": statistics.median(own), "clean": times.clean_step_ms}
 
     def rejected(self, message: str) -> JobOutcome:
         return JobOutcome(status="REJECTED", message=message, log=self.worker.log_tail())

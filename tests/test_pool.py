@@ -120,6 +120,8 @@ class FakeJudge:
         self.unbuildable: set[str] = set()  # candidates whose build fails (start_worker gives None)
         self.outcomes: dict[int, JobOutcome] = {}  # job index -> its outcome (default: PASSED)
         self.full_once = False  # the next references_for finds the device's memory full
+        self.unmeasured: set[str] = set()  # workloads whose steps were not measured clean yet
+        self.measured: list[tuple[str, int]] = []  # (workload, workers alive) at each clean measurement
         self.held: set[int] = set()  # jobs that run until their worker is closed
         self.holding = threading.Event()
         self.busy: dict[str, int] = {}
@@ -147,6 +149,15 @@ class FakeJudge:
             self.failures[candidate.name] = JobOutcome(status="COMPILE_ERROR", message="build: broken")
             return None
         return FakeWorker(self, device)
+
+    def lacks_clean_steps(self, job, device):
+        return job.workload.uuid in self.unmeasured
+
+    def measure_clean_steps(self, workload, device):
+        with self.lock:
+            alive = len(self.starts) - len(self.closed)
+            self.measured.append((workload.uuid, alive))
+            self.unmeasured.discard(workload.uuid)
 
     def references_for(self, workload, device):
         with self.lock:
@@ -299,6 +310,17 @@ def test_a_job_out_of_memory_on_a_fresh_worker_is_not_run_again():
         done = list(pool.run(fake_jobs(2)))
     assert [outcome.status for _, outcome, _ in done] == ["RUNTIME_ERROR", "PASSED"]
     assert [index for index, _ in judge.ran] == [0, 1]
+
+
+def test_steps_are_measured_clean_with_no_worker_alive_and_once_per_workload():
+    judge = FakeJudge(seconds=0)
+    judge.unmeasured = {"w0", "w1"}
+    with DevicePool(judge, ["cpu"]) as pool:
+        done = list(pool.run(fake_jobs(4)))  # workloads w0, w1, w0, w1 of one candidate
+    assert [outcome.status for _, outcome, _ in done] == ["PASSED"] * 4
+    assert judge.measured == [("w0", 0), ("w1", 0)]  # the first job's worker was ended before w1's
+    workers = [worker for _, worker in judge.ran]
+    assert workers[0] is not workers[1] and workers[1] is workers[2] is workers[3] and len(judge.starts) == 2
 
 
 def test_each_candidate_gets_a_worker_of_its_own():

@@ -27,6 +27,7 @@ from flashbench.cli import main
 from flashbench.run import RunOptions, Runner, jobs, select_solutions, select_workloads
 from flashbench.run.jobs import JobJudge, JudgeConfig
 from flashbench.run.options import GPU_CHECKED_CALLS
+from flashbench.run.plan import Job
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -361,6 +362,27 @@ def test_how_many_timed_calls_are_checked(repo, tmp_path):
     assert judge_for(repo, tmp_path, device="cuda").settings(reference, "cuda").checked_calls == GPU_CHECKED_CALLS
     assert judge_for(repo, tmp_path, checked_calls=3).settings(reference, "cpu").checked_calls == 3
     assert judge_for(repo, tmp_path, device="cuda", checked_calls=0).settings(reference, "cuda").checked_calls == 0
+
+
+def test_a_gpu_job_of_a_solution_lacks_clean_steps_until_they_are_measured(repo, tmp_path):
+    """The cap on the steps the judge takes away comes from the reference's jobs; where they did not
+    run first (a resumed run, a Ray task), the judge measures the steps alone before the job."""
+    runner = Runner(repo, DEFINITION, RunOptions(trace_dir=tmp_path, cache_dir=tmp_path / "cache"))
+    reference, solution = runner.candidates(select_solutions(repo, DEFINITION, [str(FIXTURES / "correct_dps")]))
+    (workload,) = select_workloads(repo, DEFINITION, ["smoke_mixed"], "cpu")
+    judge = judge_for(repo, tmp_path, device="cuda")  # a GPU run's options, without the GPU
+    assert judge.lacks_clean_steps(Job(0, solution, workload), "cuda:0")
+    assert not judge.lacks_clean_steps(Job(1, reference, workload), "cuda:0")  # it measures them itself
+    assert not judge.lacks_clean_steps(Job(2, solution, workload), "cpu")  # no cap on a CPU
+    judge.clean_steps._costs[(workload.uuid, "cuda:0")] = 0.2
+    assert not judge.lacks_clean_steps(Job(3, solution, workload), "cuda:0")
+
+
+def test_clean_steps_measured_alone_are_the_steps_per_call(repo, tmp_path):
+    (workload,) = select_workloads(repo, DEFINITION, ["smoke_mixed"], "cpu")
+    judge = judge_for(repo, tmp_path)
+    judge.measure_clean_steps(workload, "cpu")
+    assert judge.clean_steps.get(workload.uuid, "cpu") > 0
 
 
 def test_graph_timing_and_unknown_backends_are_refused_before_any_work(repo, tmp_path):

@@ -18,8 +18,8 @@ from ..model import REFERENCE, Definition, Workload
 from ..reference import load_reference
 from ..workloads import generate_inputs
 from . import sandbox
-from .judge.clock import CleanSteps
-from .judge.inputs import fresh_seed
+from .judge.clock import Baseline, CleanSteps
+from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
 from .options import GPU_CHECKED_CALLS, MIN_BATCHES, SLOT_BUDGET_BYTES, TARGET_BATCH_MS, RunOptions
 from .plan import Candidate, Job
@@ -66,7 +66,7 @@ class JobJudge:
         self._flushes: dict[str, L2Flush] = {}
         self._environments: dict[str, dict] = {}
         self._failures: dict[tuple[str, str], JobOutcome] = {}
-        self.clean_steps = CleanSteps()  # measured in the reference's jobs, which run first
+        self.clean_steps = CleanSteps()  # measured in the reference's jobs, which run first, or alone
         self._lock = threading.Lock()
 
     @property
@@ -176,6 +176,19 @@ class JobJudge:
                     raise DeviceUnusable(f"it is {environment['hardware']}, not {self.config.hardware} like the run's device")
                 self._environments[device] = environment
             return self._environments[device]
+
+    def lacks_clean_steps(self, job: Job, device: str) -> bool:
+        """A GPU job of a solution whose workload's steps were not measured clean (the reference's jobs
+        did not run before it: a resumed run, or a run on Ray, where each task has its own judge)."""
+        return (device.startswith("cuda") and job.candidate.solution.name != REFERENCE
+                and self.clean_steps.get(job.workload.uuid, device) is None)
+
+    def measure_clean_steps(self, workload: Workload, device: str) -> None:
+        """The harness's steps' cost per call on `workload`, measured by the judge alone. The caller
+        sees to it that no solution's worker is alive on the device, so none can have left work there."""
+        inputs = JobInputs(self.definition, workload, self.config.set_seeds[:1], device, self.config.definition_file.parent)
+        baseline = Baseline(inputs, self.flush(device), copies_outputs=False, max_calls=CleanSteps.CALLS)
+        self.clean_steps.measure(baseline, workload.uuid, device)
 
     def references_for(self, workload: Workload, device: str) -> None:
         """The reference outputs of a workload's input sets, computed before any solution runs on it."""

@@ -70,6 +70,9 @@ class Lane:
             self.close()
             self.candidate = job.candidate
         failure = self.judge.known_failure(job.candidate)
+        if failure is None and self.judge.lacks_clean_steps(job, self.device):
+            self.close()  # no solution's work may share the device while the judge times its steps alone
+            self.judge.measure_clean_steps(job.workload, self.device)
         if failure is None and self.worker is None:
             self.judge.on_phase(job, "build")
             self.worker = self._start(job.candidate)

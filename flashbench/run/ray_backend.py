@@ -40,6 +40,8 @@ def job_task(config: JudgeConfig, job: Job, device: str) -> str:
     judge = JobJudge(config)
     try:
         environment = judge.environment_of(device)
+        if judge.lacks_clean_steps(job, device):  # before any solution code runs on the device
+            judge.measure_clean_steps(job.workload, device)
         worker = None if judge.known_failure(job.candidate) else judge.start_worker(job.candidate, device)
     except DeviceUnusable as exc:
         return TaskAnswer(device_error=str(exc)).model_dump_json()

@@ -17,6 +17,7 @@ from flashbench.run.judge.clock import (AGREEMENT_SHARE, BASELINE_REPEATS, SKIPP
                                         judge_per_call_ms, per_call_ms, summarize)
 from flashbench.run.judge.inputs import JobInputs
 from flashbench.run.protocol import Batch, Call
+from flashbench.run.recipe import CPU_THREADS
 
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
 
@@ -239,6 +240,16 @@ def test_the_baseline_is_the_least_of_its_repeats(job_inputs, monkeypatch):
     baseline = Baseline(job_inputs, CountingFlush(), copies_outputs=False, max_calls=2)
     monkeypatch.setattr(baseline, "_once", lambda batch: next(readings))
     assert baseline.time_ms(seeded_batch(2)) == 3.0
+
+
+def test_the_baseline_on_a_cpu_times_the_steps_with_one_thread(job_inputs, monkeypatch):
+    """A pool of threads waits for its slowest: on a loaded host that made the steps look 45x dearer."""
+    before = torch.get_num_threads()
+    baseline = Baseline(job_inputs, CountingFlush(), copies_outputs=False, max_calls=2)
+    seen = []
+    monkeypatch.setattr(baseline, "_once", lambda batch: seen.append(torch.get_num_threads()) or 1.0)
+    baseline.time_ms(seeded_batch(2))
+    assert seen == [CPU_THREADS] * BASELINE_REPEATS["cpu"] and torch.get_num_threads() == before
 
 
 def test_the_baseline_times_a_batch_of_unseeded_calls(job_inputs):

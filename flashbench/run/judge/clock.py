@@ -15,7 +15,7 @@ import torch
 
 from ...dtypes import torch_dtype
 from ..protocol import Batch, Call
-from ..recipe import CallClock, InputSets, L2Flush, run_batch
+from ..recipe import CallClock, InputSets, L2Flush, run_batch, steps_threads
 from .inputs import JobInputs, fresh_seed
 
 # Worker times under this share of the judge's, beyond the slack, cannot be honest. Judged on a GPU
@@ -54,7 +54,8 @@ class Baseline:
 
     def time_ms(self, batch: Batch) -> float:
         mapped = batch.model_copy(update={"calls": [Call(set=0, slot=0, seed=call.seed) for call in batch.calls]})
-        return min(self._once(mapped) for _ in range(BASELINE_REPEATS[torch.device(self.device).type]))
+        with steps_threads(self.device):
+            return min(self._once(mapped) for _ in range(BASELINE_REPEATS[torch.device(self.device).type]))
 
     def _once(self, batch: Batch) -> float:
         start = time.perf_counter()

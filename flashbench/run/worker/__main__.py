@@ -4,7 +4,10 @@
 import socket
 import sys
 
+import torch
+
 from ..protocol import Channel, Setup, Stop, parse_request
+from ..recipe import CPU_THREADS
 from .handler import Worker
 
 
@@ -13,6 +16,8 @@ def main(read_fd: int, write_fd: int, fd_socket: int) -> None:
     setup = parse_request(channel.receive_json())
     if not isinstance(setup, Setup):
         sys.exit("the first message must be a setup")
+    if torch.device(setup.device).type == "cpu":  # timed as the judge times the steps (run/recipe.py)
+        torch.set_num_threads(CPU_THREADS)
     worker = Worker(setup, socket.socket(fileno=fd_socket))
     while True:
         request = parse_request(channel.receive_json())

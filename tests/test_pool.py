@@ -121,6 +121,7 @@ class FakeJudge:
         self.outcomes: dict[int, JobOutcome] = {}  # job index -> its outcome (default: PASSED)
         self.full_once = False  # the next references_for finds the device's memory full
         self.unmeasured: set[str] = set()  # workloads whose steps were not measured clean yet
+        self.held_after: set[int] = set()  # jobs after which the idle worker holds the device
         self.measured: list[tuple[str, int]] = []  # (workload, workers alive) at each clean measurement
         self.held: set[int] = set()  # jobs that run until their worker is closed
         self.holding = threading.Event()
@@ -149,6 +150,10 @@ class FakeJudge:
             self.failures[candidate.name] = JobOutcome(status="COMPILE_ERROR", message="build: broken")
             return None
         return FakeWorker(self, device)
+
+    def device_held_by_others(self, device):
+        with self.lock:
+            return bool(self.ran) and self.ran[-1][0] in self.held_after
 
     def lacks_clean_steps(self, job, device):
         return job.workload.uuid in self.unmeasured
@@ -281,35 +286,29 @@ def test_a_worker_that_cannot_be_used_again_is_replaced_for_the_next_job():
     assert workers[1].closed.is_set() and len(judge.starts) == 2
 
 
-OUT_OF_MEMORY = JobOutcome(status="RUNTIME_ERROR", message="OutOfMemoryError: CUDA out of memory.", worker_usable=False)
-
-
-def test_a_job_out_of_memory_after_others_on_its_worker_runs_again_on_a_fresh_one():
-    """A solution's caches can hold earlier jobs' memory: the job that finds the device full gets one
-    more run, on a worker with nothing left behind, and that run is its result."""
+def test_an_idle_worker_holding_the_device_is_ended_before_the_next_job():
+    """A solution's caches can keep earlier jobs' memory: the judge, not the worker, says when a job
+    starts on a fresh worker, and it says so before the job."""
     judge = FakeJudge(seconds=0)
-    judge.outcomes[2] = OUT_OF_MEMORY
-    first_try = judge.run
-
-    def run(worker, job, device):  # out of memory only on the worker that ran jobs 0 and 1
-        outcome = first_try(worker, job, device)
-        return outcome if worker is judge.ran[0][1] else JobOutcome(status="PASSED", message=f"job {job.index}")
-
-    judge.run = run
+    judge.held_after = {1}  # after job 1, the idle worker holds the device
     with DevicePool(judge, ["cpu"]) as pool:
         done = list(pool.run(fake_jobs(4)))
     assert [outcome.status for _, outcome, _ in done] == ["PASSED"] * 4
-    assert [index for index, _ in judge.ran] == [0, 1, 2, 2, 3] and len(judge.starts) == 2
-    assert judge.ran[2][1].closed.is_set() and judge.ran[3][1] is judge.ran[4][1]
+    workers = [worker for _, worker in judge.ran]
+    assert workers[0] is workers[1] and workers[1] is not workers[2] and workers[2] is workers[3]
+    assert workers[1].closed.is_set() and len(judge.starts) == 2 and [i for i, _ in judge.ran] == [0, 1, 2, 3]
 
 
-def test_a_job_out_of_memory_on_a_fresh_worker_is_not_run_again():
-    judge = FakeJudge(seconds=0)
-    judge.outcomes[0] = OUT_OF_MEMORY
+def test_a_build_that_fails_when_the_worker_is_started_again_is_the_jobs_outcome():
+    """The references found the device full, the idle worker was ended, and the fresh one's build fails."""
+    judge, jobs = FakeJudge(seconds=0), fake_jobs(2)
     with DevicePool(judge, ["cpu"]) as pool:
-        done = list(pool.run(fake_jobs(2)))
-    assert [outcome.status for _, outcome, _ in done] == ["RUNTIME_ERROR", "PASSED"]
-    assert [index for index, _ in judge.ran] == [0, 1]
+        first = list(pool.run(jobs[:1]))
+        judge.full_once = True
+        judge.unbuildable.add("c")
+        second = list(pool.run(jobs[1:]))
+    assert [outcome.status for _, outcome, _ in first + second] == ["PASSED", "COMPILE_ERROR"]
+    assert len(judge.ran) == 1
 
 
 def test_steps_are_measured_clean_with_no_worker_alive_and_once_per_workload():

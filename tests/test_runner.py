@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from conftest import copy_repo
@@ -376,6 +377,20 @@ def test_a_gpu_job_of_a_solution_lacks_clean_steps_until_they_are_measured(repo,
     assert not judge.lacks_clean_steps(Job(2, solution, workload), "cpu")  # no cap on a CPU
     judge.clean_steps._costs[(workload.uuid, "cuda:0")] = 0.2
     assert not judge.lacks_clean_steps(Job(3, solution, workload), "cuda:0")
+
+
+@pytest.mark.parametrize("free_gb, reserved_gb, held", [(100, 1, False), (30, 1, True), (60, 30, False)])
+def test_a_device_is_held_by_others_when_over_half_of_it_is_outside_the_judge(repo, tmp_path, monkeypatch,
+                                                                               free_gb, reserved_gb, held):
+    """Total 140 GB: what is neither free nor the judge's own is the idle worker's (and any other process's)."""
+    gb = 1 << 30
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free_gb * gb, 140 * gb))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: reserved_gb * gb)
+    judge = judge_for(repo, tmp_path, device="cuda")
+    assert judge.device_held_by_others("cuda:0") is held
+    assert judge.device_held_by_others("cpu") is False
 
 
 def test_clean_steps_measured_alone_are_the_steps_per_call(repo, tmp_path):

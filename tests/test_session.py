@@ -26,7 +26,7 @@ from flashbench.run import RunOptions, Runner, sandbox, select_solutions, select
 from flashbench.run.judge.check import CheckedCall
 from flashbench.run.judge.references import ReferenceStore
 from flashbench.run.options import MIN_BATCHES
-from flashbench.run.session import SessionSettings, _Job, _poison, _Stop, _Times
+from flashbench.run.session import Session, SessionSettings, _Job, _poison, _Stop, _Times
 from flashbench.run.protocol import Batch
 from flashbench.run.supervisor import WorkerProcess
 
@@ -279,6 +279,19 @@ def test_the_references_jobs_measure_the_clean_steps_and_the_others_are_capped_b
     on_gpu = device.startswith("cuda")
     assert measured == ([("w", device)] if on_gpu and trusted else [])
     assert stand_in.times.clean_step_ms == (0.25 if on_gpu and not trusted else None)
+
+
+def test_the_judge_out_of_device_memory_is_the_pairs_outcome_not_the_runs_end(monkeypatch):
+    """A worker can hold the device's memory while the judge prepares and checks its job."""
+    session = object.__new__(Session)
+
+    def full(*args):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(session, "_run", full)
+    outcome = session.run(SimpleNamespace(), SimpleNamespace(), True)
+    assert outcome.status == "RUNTIME_ERROR" and not outcome.worker_usable
+    assert "no memory left for the judge's own work" in outcome.message
 
 
 def timed(judge_ms, worker_ms, device="cpu") -> _Job:

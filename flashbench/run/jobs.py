@@ -28,6 +28,9 @@ from .recipe import L2Flush, release_cached_memory
 from .session import JobOutcome, Session, SessionSettings
 from .supervisor import WorkerGone, WorkerProcess
 
+# An idle worker holding more of its GPU than this is ended before the next job: on the H200 peers'
+# plan caches kept earlier jobs' arenas alive, 93-106 of 141 GB, and the next jobs ran out of memory.
+HELD_SHARE = 0.5
 DEVICE_CHECK_TIMEOUT_S = 120.0  # the worker's start and its device check; no solution code runs yet
 PHASES = ("build", "reference", "check", "time")  # what a job is doing, in order, for progress displays
 
@@ -176,6 +179,15 @@ class JobJudge:
                     raise DeviceUnusable(f"it is {environment['hardware']}, not {self.config.hardware} like the run's device")
                 self._environments[device] = environment
             return self._environments[device]
+
+    def device_held_by_others(self, device: str) -> bool:
+        """Whether more than HELD_SHARE of a GPU's memory is held outside this process: asked while the
+        lane's worker is idle between jobs, so what it holds is what its earlier jobs left."""
+        if not device.startswith("cuda"):
+            return False
+        release_cached_memory(device)
+        free, total = torch.cuda.mem_get_info(device)
+        return total - free - torch.cuda.memory_reserved(device) > HELD_SHARE * total
 
     def lacks_clean_steps(self, job: Job, device: str) -> bool:
         """A GPU job of a solution whose workload's steps were not measured clean (the reference's jobs

@@ -63,7 +63,6 @@ class Lane:
         self.device = device
         self.candidate = None
         self.worker = None
-        self.jobs_on_worker = 0  # jobs its worker has run: state they left in it is the next jobs'
 
     def run(self, job) -> JobOutcome:
         if job.candidate is not self.candidate:
@@ -73,6 +72,11 @@ class Lane:
         if failure is None and self.judge.lacks_clean_steps(job, self.device):
             self.close()  # no solution's work may share the device while the judge times its steps alone
             self.judge.measure_clean_steps(job.workload, self.device)
+        if failure is None and self.worker is not None and self.judge.device_held_by_others(self.device):
+            # What its earlier jobs left in the idle worker (a solution's caches holding their arenas)
+            # is not the next job's to start with. The judge measures it before the job: no outcome
+            # a worker reports can call for a fresh one.
+            self.close()
         if failure is None and self.worker is None:
             self.judge.on_phase(job, "build")
             self.worker = self._start(job.candidate)
@@ -83,18 +87,8 @@ class Lane:
         self.settle_references(job.workload)
         if self.worker is None:  # ended to free the device for the references
             self.worker = self._start(job.candidate)
-        outcome = self._run_on_worker(job)
-        if outcome.out_of_memory and self.jobs_on_worker > 1:
-            # What the worker's earlier jobs left in it (a solution's caches holding their arenas)
-            # is not this job's to pay for: once more, on a fresh worker.
-            self.close()
-            self.worker = self._start(job.candidate)
-            if self.worker is not None:
-                outcome = self._run_on_worker(job)
-        return outcome
-
-    def _run_on_worker(self, job) -> JobOutcome:
-        self.jobs_on_worker += 1
+            if self.worker is None:  # its build failed this time
+                return self.judge.known_failure(job.candidate)
         outcome = self.judge.run(self.worker, job, self.device)
         if not outcome.worker_usable or not self.worker.alive():
             self.close()
@@ -112,7 +106,6 @@ class Lane:
             self.judge.references_for(workload, self.device)
 
     def _start(self, candidate):
-        self.jobs_on_worker = 0
         for _ in range(STARTS_BEFORE_OUT):
             try:
                 return self.judge.start_worker(candidate, self.device)

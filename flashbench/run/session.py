@@ -43,12 +43,6 @@ class JobOutcome(BaseModel):
     timing: dict | None = None  # summary statistics and the clocks' details, when timed
     worker_usable: bool = True  # False: the next job needs a fresh worker
 
-    @property
-    def out_of_memory(self) -> bool:
-        """The worker's word that a call ran out of device memory: a run on a fresh worker may tell
-        whether the job or what earlier jobs left behind used it up (the word costs only time)."""
-        return self.status == "RUNTIME_ERROR" and self.message.startswith(f"{torch.cuda.OutOfMemoryError.__name__}:")
-
 
 @dataclass
 class SessionSettings:
@@ -112,6 +106,10 @@ class Session:
             return JobOutcome(status=gone.status, message=gone.message, log=gone.log, worker_usable=False)
         except _Stop as stop:
             return stop.outcome
+        except torch.cuda.OutOfMemoryError:  # the judge's own allocations: the worker holds the device
+            return JobOutcome(status="RUNTIME_ERROR", worker_usable=False,
+                              message="the device had no memory left for the judge's own work on the job: "
+                                      "a solution's worker may not hold the device's memory")
 
     def _run(self, worker, workload, destination_passing) -> JobOutcome:
         settings = self.settings

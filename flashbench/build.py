@@ -156,12 +156,20 @@ def files_hash(files: Mapping[str, Path]) -> str:
     """content_hash of the files a solution loads, by the relative path each has where it is loaded. A link
     walk_folder refuses to follow is never read: it counts as a link, wherever it leads (its solution never
     runs; staging rewrites where it leads, and the hash must stay the same)."""
+    entries = [(relative.encode(), _REFUSED_LINK if files[relative].is_symlink() else read_file(files[relative]))
+               for relative in sorted(files, key=lambda name: PurePosixPath(name).parts)
+               if not is_documentation(relative)]
     digest = hashlib.sha256()
-    for relative in sorted(files, key=lambda name: PurePosixPath(name).parts):
-        if not is_documentation(relative):
-            path = files[relative]
-            data = _REFUSED_LINK if path.is_symlink() else read_file(path)
-            digest.update(relative.encode() + b"\0" + data + b"\0")
+    if any(b"\0" in data for _, data in entries):
+        # Data holding a NUL byte could pass for a separator: one file's data made to read as two files, and
+        # two folders with one hash. Such folders hash every length too (a stream a path never begins, so
+        # it is no other folder's); the others keep the plain form, and their recorded hashes.
+        digest.update(b"\0lengths\0")
+        for path, data in entries:
+            digest.update(len(path).to_bytes(8, "little") + path + len(data).to_bytes(8, "little") + data)
+    else:
+        for path, data in entries:
+            digest.update(path + b"\0" + data + b"\0")
     return digest.hexdigest()[:16]
 
 

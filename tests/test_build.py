@@ -37,6 +37,27 @@ def refusal(path: Path) -> str:
     return message
 
 
+def test_a_file_holding_nul_bytes_cannot_pass_for_two_files(tmp_path):
+    """The plain form hashes path, NUL, data, NUL: without lengths, one file's data could read as the
+    next file's path and data, and two folders of other content would share a hash."""
+    two, one = tmp_path / "two", tmp_path / "one"
+    two.mkdir(), one.mkdir()
+    (two / "a.bin").write_bytes(b"one")
+    (two / "b.bin").write_bytes(b"two")
+    (one / "a.bin").write_bytes(b"one\0b.bin\0two")
+    assert content_hash(two) != content_hash(one)
+
+
+def test_a_folder_without_nul_bytes_keeps_the_plain_hash(tmp_path):
+    """Recorded traces carry the plain form's hashes; folders of text keep them."""
+    import hashlib
+
+    (tmp_path / "kernel.py").write_text("x = 1\n")
+    (tmp_path / "util.py").write_text("y = 2\n")
+    plain = hashlib.sha256(b"kernel.py\0x = 1\n\0util.py\0y = 2\n\0").hexdigest()[:16]
+    assert content_hash(tmp_path) == plain
+
+
 def test_a_plain_folder_is_walked_and_checked(folder):
     assert folder_files(folder) == {"kernel.py": folder / "kernel.py", "sub/util.py": folder / "sub" / "util.py"}
     assert folder_problem(folder, solution()) is None

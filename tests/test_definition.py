@@ -371,3 +371,24 @@ def test_a_solutions_name_and_definition_are_folder_names_never_dot_or_dotdot(tm
     with pytest.raises(FlashbenchError) as refused:
         load_model(Solution, path)
     assert f"{path}: {field}:" in str(refused.value)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tags", ["baseline|x\n## NVIDIA H200"]), ("tags", ["[verified](https://evil.example)"]), ("tags", ["<img>"]),
+    ("tags", ["\x1b]52;c;aGk=\x07"]), ("author", "a\nb"), ("author", "[maintainers](https://evil.example)"),
+    ("author", "x\x1b[2J"), ("author", "")])
+def test_tags_and_author_cannot_carry_markup_or_escapes(tmp_path, field, value):
+    """Both reach boards and terminals: a tag is a word, an author one plain line."""
+    path = tmp_path / "solution.yaml"
+    path.write_text(yaml.safe_dump({**SOLUTION_MANIFEST, field: value}))
+    with pytest.raises(FlashbenchError) as refused:
+        load_model(Solution, path)
+    assert f"{path}: {field}" in str(refused.value)
+
+
+def test_plain_tags_and_authors_are_kept(tmp_path):
+    path = tmp_path / "solution.yaml"
+    path.write_text(yaml.safe_dump({**SOLUTION_MANIFEST, "tags": ["baseline", "library:flashmla", "v1.2"],
+                                    "author": "Jane Doe (jane@example.com)"}))
+    solution = load_model(Solution, path)
+    assert solution.tags == ["baseline", "library:flashmla", "v1.2"] and solution.author.startswith("Jane")

@@ -108,6 +108,18 @@ def make_trace(i: int, **fields) -> Trace:
     return Trace(**values)
 
 
+@pytest.mark.parametrize("field, value", [("solution_tags", ["x|y"]), ("author", "a\nb"),
+                                          ("hardware", "NVIDIA H200 | fake"), ("workload_name", "x|\n## y")])
+def test_a_record_whose_labels_carry_markup_is_not_a_trace(tmp_path, capsys, field, value):
+    """Imported or hand-written trace files reach boards too: such a line is skipped with a warning."""
+    path = trace_path(tmp_path, "CPU x86_64", DEFINITION)
+    append_trace(path, make_trace(0))
+    with open(path, "a") as handle:
+        handle.write(json.dumps(make_trace(1).model_dump() | {field: value}) + "\n")
+    assert [t.workload for t in read_traces(path)] == ["w0"]
+    assert "line 2 is not a valid trace" in capsys.readouterr().err
+
+
 def test_torn_last_line_is_skipped_and_the_next_append_starts_a_fresh_line(tmp_path, capsys):
     path = trace_path(tmp_path, "CPU x86_64", DEFINITION)
     for i in range(3):

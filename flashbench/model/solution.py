@@ -1,7 +1,7 @@
 """solution.yaml: a solution folder's manifest (FlashInfer-Bench's solution spec, flattened)."""
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -11,6 +11,10 @@ SHARED_FOLDER = "_shared"  # solutions/_shared/<name>/: files that several solut
 # A name that is also a folder (solutions/<definition>/<name>/, solutions/_shared/<name>/): no path,
 # and never '.' or '..'.
 FOLDER_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+# Tags, authors and hardware names reach boards (Markdown, HTML, charts, the terminal): a tag is a
+# word, a label one printable line; neither can open a table cell, a link, markup or an escape sequence.
+TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$"
+LABEL = r"^[^\x00-\x1f\x7f-\x9f|<>`\[\]\\$]{1,200}$"
 _SHARED_NAME = re.compile(FOLDER_NAME)
 # A dependency: a top-level distribution or module name (no '.': the judge looks it up without importing, and
 # a dotted name would import its parents), optionally with version clauses (recorded, not checked).
@@ -27,7 +31,7 @@ def dependency_name(dependency: str) -> str | None:
 class Solution(Strict):
     name: str = Field(pattern=FOLDER_NAME)
     definition: str = Field(pattern=FOLDER_NAME)
-    author: str
+    author: str = Field(pattern=LABEL)
     description: str = ""
     language: Literal["python", "triton", "cuda"]
     entry_point: str = Field(pattern=r"^[^:]+::[A-Za-z_]\w*$", description="file::function")
@@ -43,7 +47,8 @@ class Solution(Strict):
     )
     compile_flags: list[str] = Field([], description="CUDA only: extra nvcc flags")
     sources: list[str] = Field([], description="CUDA only: files to compile (default: every .cu/.cpp)")
-    tags: list[str] = Field([], description="e.g. 'baseline' for solutions others are compared with")
+    tags: list[Annotated[str, Field(pattern=TAG)]] = Field(
+        [], description="e.g. 'baseline' for solutions others are compared with")
     shared: list[str] = Field([], description=(
         f"names of folders in solutions/{SHARED_FOLDER}/ whose files join the solution's own, each at its path "
         "in that folder (entry_point and sources may name them); the content hash covers them"))

@@ -1,8 +1,10 @@
 """A trace: one JSONL record per (solution, workload) run, appended under traces/<hardware>/."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .solution import LABEL, TAG
 
 Status = Literal[
     "PASSED", "INCORRECT_SHAPE", "INCORRECT_DTYPE", "INCORRECT_NUMERICAL", "RUNTIME_ERROR",
@@ -54,12 +56,12 @@ class Trace(BaseModel):
 
     definition: str
     workload: str = Field(description="workload uuid")
-    workload_name: str = ""
+    workload_name: str = Field("", pattern=r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)?$")
     solution: str
     solution_hash: str
-    solution_tags: list[str] = Field([], description="the solution's tags, e.g. baseline")
-    author: str
-    hardware: str
+    solution_tags: list[Annotated[str, Field(pattern=TAG)]] = Field([], description="the solution's tags, e.g. baseline")
+    author: str = Field(pattern=LABEL)
+    hardware: str = Field(pattern=LABEL)
     status: Status
     message: str = Field("", description="one line, printable: what a solution wrote into it cannot drive a terminal")
     log: str = ""

@@ -396,13 +396,14 @@ def test_a_failed_move_puts_the_repository_back_as_it_was(tmp_path, monkeypatch)
     repo = empty_repo(tmp_path / "repo")
     import_fib(dataset, repo, "fib")
     before = files_of(repo)
-    # A changed solution (its folder is replaced) and a new trace (its file is rewritten)...
+    # A new solution (its folder is moved in) and a new trace (its file is rewritten)...
     source = dataset / "solutions/alice/mla_paged" / DEF / "py_loop.json"
-    source.write_text(source.read_text().replace("return out, lse", "return out, lse  # v2"))
+    record = json.loads(source.read_text())
+    (source.parent / "py_loop_v2.json").write_text(json.dumps(record | {"name": "py_loop_v2"}))
     newer = traces()[0] | {"evaluation": passed() | {"timestamp": "2025-09-02T12:00:00"}}
     with open(dataset / "traces/mla_paged" / f"{DEF}.jsonl", "a") as handle:
         handle.write(json.dumps(newer) + "\n")
-    # ...and moving the new trace file in fails (once), after the solution folder has been replaced.
+    # ...and moving the new trace file in fails (once), after the solution folder was moved in.
     real, moved, failure = os.replace, [], [OSError(28, "No space left on device")]
     trace_file = imported_trace_dir(repo, "fib") / "nvidia_h100" / f"{DEF}.jsonl"
 
@@ -416,9 +417,24 @@ def test_a_failed_move_puts_the_repository_back_as_it_was(tmp_path, monkeypatch)
     summary = import_fib(dataset, repo, "fib")
     assert [f.definition for f in summary.failed] == [DEF]
     assert "No space left on device" in summary.failed[0].why
-    assert repo / "solutions" / DEF / "py_loop" in moved  # the new folder was in place before the failure
+    assert repo / "solutions" / DEF / "py_loop_v2" in moved  # the new folder was in place before the failure
     assert files_of(repo) == before
     assert not any((repo / ".flashbench-cache" / "import-staging").iterdir())  # no staging left behind
+
+
+def test_a_dataset_cannot_replace_a_folder_by_naming_its_author(tmp_path):
+    """An author is a name any dataset can write: a folder with other files is never replaced."""
+    dataset = make_dataset(tmp_path / "fib")
+    repo = empty_repo(tmp_path / "repo")
+    import_fib(dataset, repo, "fib")
+    folder = repo / "solutions" / DEF / "py_loop"
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    source = dataset / "solutions/alice/mla_paged" / DEF / "py_loop.json"
+    source.write_text(source.read_text().replace("return out, lse", "return out, lse  # changed"))
+    summary = import_fib(dataset, repo, "evil")
+    (skipped,) = [r for r in rows(summary, DEF, "solution", "skipped") if "py_loop" in r]
+    assert "holds other files; not replaced" in skipped
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
 
 
 # --- running a FIB solution JSON as it is -------------------------------------------------------------

@@ -352,13 +352,14 @@ class DefinitionImport:
         relative = Path("solutions", self.name, plan.name)
         existing = self.root / relative
         if existing.exists():
-            owner = folder_author(existing)
-            if owner != record.author:
-                self.add("solution", "skipped", f"{path}: {existing} holds a solution by {owner!r}; not replaced")
+            # Never replaced: an author is a name anyone can write into a dataset, so it proves no right to
+            # a folder here (a dataset naming the repository's own author replaced its solutions).
+            if not same_files(existing, plan):
+                self.add("solution", "skipped", f"{path}: {existing} holds other files; not replaced (remove it "
+                                                "to import this version)")
                 return unimported
-            if same_files(existing, plan):
-                self.add("solution", "unchanged")
-                return SolutionRef(plan.name, record.author, load_solution_folder(existing).content_hash())
+            self.add("solution", "unchanged")
+            return SolutionRef(plan.name, record.author, load_solution_folder(existing).content_hash())
         digest = self.stage_folder(definition, plan, relative, path)
         if digest is None:
             for folder in shared:  # staged for this solution alone
@@ -592,11 +593,6 @@ def _reads_as(text: str, workload_set: WorkloadSet) -> bool:
         return WorkloadSet.model_validate(yaml.safe_load(text)) == workload_set
     except (yaml.YAMLError, ValueError):
         return False
-
-
-def folder_author(folder: Path) -> str | None:
-    manifest = folder / "solution.yaml"
-    return (yaml.safe_load(manifest.read_text()) or {}).get("author") if manifest.is_file() else None
 
 
 def record_digest(record: fib.FibSolution) -> str:

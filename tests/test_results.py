@@ -63,6 +63,16 @@ def test_reads_every_hardware_folder_or_one(tmp_path):
     assert read_results(tmp_path, "other").empty
 
 
+def test_records_of_another_hardware_or_definition_stay_off_the_folders_board(tmp_path, capsys):
+    """A CPU record edited to say H200, in the H200's folder, or another definition's record there."""
+    path = trace_path(tmp_path, "GPU X", "d")
+    append_trace(path, make_trace("s", "w1", 1.0))
+    append_trace(path, make_trace("forged", "w1", 0.1, hardware="GPU Y"))
+    append_trace(path, make_trace("other", "w1", 0.1, definition="e"))
+    assert list(read_results(tmp_path, "d", "gpu_x")["solution"]) == ["s"]
+    assert "2 record(s) of another definition or hardware left out" in capsys.readouterr().err
+
+
 def test_timings_of_another_method_are_read_only_when_asked(tmp_path):
     append_trace(trace_path(tmp_path, "GPU X", "d"), make_trace("s", "w1-aaaaaa", 2.0))
     append_trace(trace_path(tmp_path, "GPU X", "d", "graph"), make_trace("s", "w1-aaaaaa", 1.5))

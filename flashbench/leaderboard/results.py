@@ -1,5 +1,6 @@
 """Traces as pandas frames: one row per trace, then one result per (solution content, workload, hardware)."""
 
+import sys
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -73,8 +74,19 @@ def read_results(trace_dir: Path, definition: str, hardware: str | None = None, 
         paths = [trace_path(trace_dir, hardware, definition, timing)]
     else:
         paths = sorted(Path(trace_dir).glob(f"*/{trace_file_name(definition, timing)}"))
-    frame = traces_frame(trace for path in paths for trace in read_traces(path))
+    frame = traces_frame(trace for path in paths for trace in belonging(path, definition))
     return frame[frame["isolation"] == isolation].reset_index(drop=True) if isolation else frame
+
+
+def belonging(path: Path, definition: str) -> list[Trace]:
+    """The records of a trace file that belong in it: of its definition, and of the hardware its folder
+    is named after. A record copied or edited into another GPU's or definition's file stays off its boards."""
+    traces = read_traces(path)
+    kept = [t for t in traces if t.definition == definition and hardware_slug(t.hardware) == path.parent.name]
+    if len(kept) < len(traces):
+        print(f"{path}: {len(traces) - len(kept)} record(s) of another definition or hardware left out",
+              file=sys.stderr)
+    return kept
 
 
 def solution_hashes(repo: Repo, definition: str) -> dict[str, str]:

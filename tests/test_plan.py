@@ -94,6 +94,21 @@ def test_install_copies_through_the_same_walk(tmp_path):
         install_solution(Repo(root), path)
 
 
+def test_install_refuses_a_folder_whose_files_changed_after_they_ran(tmp_path):
+    """`submit` installs what ran: a worker (or anyone) that changed the folder after the run gets nothing in,
+    and the solution already installed under that name stays as it was."""
+    path = solution_folder(tmp_path / "mine", "mine")
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "definitions" / "mla_paged", root / "definitions" / "mla_paged")
+    ran = content_hash(path)
+    installed = install_solution(Repo(root), path, ran)
+    assert content_hash(installed) == ran
+    (path / "kernel.py").write_text((path / "kernel.py").read_text() + "\n# changed after the run\n")
+    with pytest.raises(FlashbenchError, match="its files changed after they ran"):
+        install_solution(Repo(root), path, ran)
+    assert content_hash(installed) == ran and [p.name for p in installed.parent.iterdir()] == ["mine"]
+
+
 def test_a_folder_run_from_elsewhere_may_not_take_the_name_of_one_in_the_repository(tmp_path):
     """Boards tell solutions apart by name: a folder passed by path that called itself torch_vectorized took
     that solution's row."""

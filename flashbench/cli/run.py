@@ -279,7 +279,8 @@ def submit(ctx, path, device, warmup, iters, seed, flush, checked_calls, timeout
         failed = [t for t in result.traces if t.solution == folder.solution.name and t.status != "PASSED"]
         submitted_to = None
         if not (interrupted or failed):
-            submitted_to = install_solution(repo, path.resolve()).relative_to(repo.root)
+            ran_hash = next((t.solution_hash for t in result.traces if t.solution == folder.solution.name), None)
+            submitted_to = install_solution(repo, path.resolve(), ran_hash).relative_to(repo.root)
             console.print(f"submitted to {submitted_to}", highlight=False)
     if as_json:
         click.echo(run_report("submit", repo, name, options, result, interrupted,

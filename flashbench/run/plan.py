@@ -195,18 +195,30 @@ def reference_candidate(repo: Repo, definition: Definition, cache_dir: Path) -> 
     return Candidate(folder, solution, digest)
 
 
-def install_solution(repo: Repo, folder: Path) -> Path:
+def install_solution(repo: Repo, folder: Path, ran_hash: str | None = None) -> Path:
     """Copy a solution folder to solutions/<definition>/<name>/ (after it passed its checks), with
-    the shared folders it names that the repository lacks."""
+    the shared folders it names that the repository lacks. With `ran_hash`, the content hash of what
+    ran: the copy must hold that content, or nothing is installed (the folder changed after it ran)."""
     loaded = load_solution_folder(folder)
     target = repo.root / "solutions" / loaded.solution.definition / loaded.solution.name
     if target.resolve() == folder.resolve():
         return target
-    for shared, shared_target in _shared_to_install(repo, loaded):
-        _copy_into(shared, shared_target, documentation=True)
+    shared = _shared_to_install(repo, loaded)
+    for source, shared_target in shared:
+        _copy_into(source, shared_target, documentation=True)
+    incoming = target.with_name(f".{target.name}.incoming")  # beside the target: its shared folders resolve alike
+    if incoming.exists():
+        shutil.rmtree(incoming)
+    _copy_into(folder, incoming, documentation=True)
+    installed_hash = load_solution_folder(incoming).content_hash()
+    if ran_hash is not None and installed_hash != ran_hash:
+        for path in [incoming, *(shared_target for _, shared_target in shared)]:
+            shutil.rmtree(path)
+        raise FlashbenchError(f"its files changed after they ran ({ran_hash} ran, {installed_hash} now): "
+                              "not submitted", folder)
     if target.exists():
         shutil.rmtree(target)
-    _copy_into(folder, target, documentation=True)
+    incoming.rename(target)
     return target
 
 

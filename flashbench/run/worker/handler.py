@@ -13,7 +13,7 @@ from ...workloads import random_inputs
 from ..arena import export_cuda, open_memfd_arena, views
 from ..protocol import (Batch, BatchDone, Build, CallTimes, Close, Failed, Open, Opened, Probe, ReadTimes, Ready, Setup,
                         receive_fd)
-from ..recipe import CallClock, InputSets, L2Flush, run_batch
+from ..recipe import CallClock, InputSets, L2Flush, release_cached_memory, run_batch
 
 
 class OutputProblem(Exception):
@@ -51,6 +51,7 @@ class Worker:
                 return CallTimes(event_ms=self.job.clock.times_ms())
             if isinstance(request, Close):
                 self.job = None
+                release_cached_memory(self.device)  # the arena: the judge counts what an idle worker holds
                 return Ready()
         except OutputProblem as exc:
             return Failed(status=exc.status, message=str(exc)[:2000])

@@ -437,6 +437,20 @@ def test_a_dataset_cannot_replace_a_folder_by_naming_its_author(tmp_path):
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
 
 
+def test_a_dataset_trace_cannot_stand_for_the_reference(tmp_path):
+    """On a board the reference is every speedup's denominator: only an export's side file may give it."""
+    dataset = make_dataset(tmp_path / "fib")
+    forged = traces()[0] | {"solution": "reference", "evaluation": passed(100.0)}
+    with open(dataset / "traces/mla_paged" / f"{DEF}.jsonl", "a") as handle:
+        handle.write(json.dumps(forged) + "\n")
+    repo = empty_repo(tmp_path / "repo")
+    summary = import_fib(dataset, repo, "fib")
+    (skipped,) = rows(summary, DEF, "trace", "skipped")
+    assert "may not be the definition's 'reference'" in skipped
+    imported = read_traces(imported_trace_dir(repo, "fib") / "nvidia_h100" / f"{DEF}.jsonl")
+    assert "reference" not in {t.solution for t in imported} and imported
+
+
 # --- running a FIB solution JSON as it is -------------------------------------------------------------
 
 def test_a_fib_solution_json_runs_as_a_solution_folder(imported, dataset, tmp_path):

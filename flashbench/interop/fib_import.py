@@ -28,7 +28,8 @@ import yaml
 from ..binding import BindingError
 from ..build import CACHE_DIR_NAME
 from ..errors import FlashbenchError
-from ..model import Definition, OutputError, Performance, Trace, Workload, WorkloadSet, load_model, parse_model
+from ..model import (REFERENCE, Definition, OutputError, Performance, Trace, Workload, WorkloadSet, load_model,
+                     parse_model)
 from ..model.definition import INTEGER_DTYPES
 from ..model.solution import SHARED_FOLDER
 from ..reference import load_reference
@@ -410,7 +411,12 @@ class DefinitionImport:
             for number, record in self.records(path):
                 self.add_workload(definition, record.workload, f"{path}: line {number}")
                 if not record.is_workload_only:
-                    writer.add(*self.trace_to_ours(record, path, number))
+                    trace, why = self.trace_to_ours(record, path, number)
+                    if trace.solution == REFERENCE:  # the reference's own come only from the export's side file
+                        self.add("trace", "skipped", f"{path}: line {number}: a solution record may not be the "
+                                                     f"definition's {REFERENCE!r}")
+                        continue
+                    writer.add(trace, why)
         reference = self.dataset.reference_traces().get(self.name)
         if reference:
             for number, line in fib.read_jsonl_lines(reference):

@@ -9,6 +9,11 @@ from ..dtypes import DTypeName
 from ..expressions import COST_FUNCTIONS, Expression, parse
 
 _REFERENCE_PATH = re.compile(r"^[\w./-]+\.py$")
+# A name that is also a folder (solutions/<definition>/<name>/, solutions/_shared/<name>/): no path,
+# and never '.' or '..'. A workload's name is one too, or none.
+_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
+FOLDER_NAME = rf"^{_NAME}$"
+FOLDER_NAME_OR_NONE = rf"^({_NAME})?$"
 # Constraints may reduce an index tensor to one value ("every request has at least one key").
 CONSTRAINT_FUNCTIONS = frozenset({"min", "max"})
 
@@ -106,7 +111,7 @@ class CostModel(Strict):
 
 
 class Definition(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a folder name too (solutions/<name>/)
+    name: str = Field(pattern=FOLDER_NAME)  # solutions/<name>/
     op_type: str
     description: str = ""
     tags: list[str] = []

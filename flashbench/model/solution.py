@@ -5,12 +5,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from .definition import Strict
+from .definition import FOLDER_NAME, Strict
 
 SHARED_FOLDER = "_shared"  # solutions/_shared/<name>/: files that several solution folders use
-# A name that is also a folder (solutions/<definition>/<name>/, solutions/_shared/<name>/): no path,
-# and never '.' or '..'.
-FOLDER_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 # Tags, authors and hardware names reach boards (Markdown, HTML, charts, the terminal): a tag is a
 # word, a label one printable line; neither can open a table cell, a link, markup or an escape sequence.
 TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$"

@@ -4,6 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .definition import FOLDER_NAME_OR_NONE
 from .solution import LABEL, TAG
 
 Status = Literal[
@@ -56,7 +57,7 @@ class Trace(BaseModel):
 
     definition: str
     workload: str = Field(description="workload uuid")
-    workload_name: str = Field("", pattern=r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)?$")
+    workload_name: str = Field("", pattern=FOLDER_NAME_OR_NONE)
     solution: str
     solution_hash: str
     solution_tags: list[Annotated[str, Field(pattern=TAG)]] = Field([], description="the solution's tags, e.g. baseline")

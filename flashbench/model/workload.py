@@ -4,7 +4,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, model_validator
 
-from .definition import Strict
+from .definition import FOLDER_NAME_OR_NONE, Strict
 
 
 class RandomInput(Strict):
@@ -182,7 +182,7 @@ GeneratorSpec = Annotated[
 
 class Workload(Strict):
     uuid: str = Field(min_length=8)
-    name: str = Field("", pattern=r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)?$", description="a short human label, e.g. b64_l4096")
+    name: str = Field("", pattern=FOLDER_NAME_OR_NONE, description="a short human label, e.g. b64_l4096")
     tags: list[str] = Field([], description="'smoke' marks tiny workloads for CPU runs")
     axes: dict[str, int] = Field({}, description="var-axis values; others are bound from generated inputs")
     inputs: dict[str, InputDescriptor] = Field({}, description="inputs not listed are random normal")

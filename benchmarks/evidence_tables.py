@@ -31,6 +31,9 @@ made it. Paths are relative to the repository root; a missing input is a one-lin
     repeat FILE_A FILE_B            one definition measured twice: ranked latencies and |difference| per pair
                                     (the solutions under test; not the reference)
     repeat_events FILE_A FILE_B     the same, of the worker's own CUDA-event medians
+    steps FILE                      per timed pair of the solutions under test: the judge's clock above the worker's
+                                    events and the harness's steps per call it took away, with the readings that
+                                    figure was the least of (performance.timing.steps_per_call_ms)
     moved OLD_FILE NEW_FILE         how far each latency moved in a re-recording, and whose content hash changed
     flush_profile FILE              Nsight Compute's DRAM traffic of each decode kernel after each flush
                                     (`ncu ... --csv python benchmarks/l2_flush.py --profile > FILE`)
@@ -397,6 +400,28 @@ def build_events_graph(definition, *solution):
     return table, [f"`{rel(p)}` ({m})" for p, m in zip(paths, ("events", "graph replay"))], devices(events, graph)
 
 
+def steps_table(traces: list[Trace], workloads: list[Workload]) -> str:
+    latest = current(traces)
+    rows, gaps = [], []
+    for workload in timed(workloads, latest):
+        for (solution, uuid), trace in latest.items():
+            if uuid != workload.uuid or solution == REFERENCE or events_us(trace) is None:
+                continue
+            steps = {k: v * 1e3 for k, v in trace.performance.timing.get("steps_per_call_ms", {}).items() if v}
+            if "subtracted" not in steps:
+                continue
+            gaps.append(steps["median"] - steps["subtracted"])
+            rows.append([solution, workload.label, f"{latency_us(trace) - events_us(trace):.1f}",
+                         *(us(steps.get(k)) for k in ("subtracted", "least", "median", "clean")), f"{gaps[-1]:.1f}"])
+    table = markdown(["solution", "workload", "judge above events (µs/call)", "steps taken away (µs/call)",
+                      "least of the job's readings", "median of them", "clean (measured apart)",
+                      "median less taken away"], rows)
+    if not gaps:
+        return table
+    return table + (f"\n\nThe steps taken away lie a median {statistics.median(gaps):.1f} µs per call below the median of "
+                    f"the job's own readings (range {min(gaps):.1f} to {max(gaps):.1f}) over {len(gaps)} pairs.")
+
+
 def two_files(a, b, labels):
     paths = [path_of(a), path_of(b)]
     first, second = read(paths[0]), read(paths[1])
@@ -428,6 +453,12 @@ def build_clock_excess(file):
     return clock_excess_table(traces, workloads_of(definition_of(traces, path))), [f"`{rel(path)}`"], devices(traces)
 
 
+def build_steps(file):
+    path = path_of(file)
+    traces = read(path)
+    return steps_table(traces, workloads_of(definition_of(traces, path))), [f"`{rel(path)}`"], devices(traces)
+
+
 def build_rejections(*file_or_glob):
     if not file_or_glob:
         raise FlashbenchError(f"usage: {COMMAND} {usage('rejections')}")
@@ -447,7 +478,7 @@ def build_rejections(*file_or_glob):
 BUILDERS = {"flush": build_flush, "clocks": build_clocks, "adversarial": build_adversarial, "peers": build_peers,
             "events_graph": build_events_graph, "repeat": build_repeat, "repeat_events": build_repeat_events,
             "moved": build_moved,
-            "rejections": build_rejections, "clock_excess": build_clock_excess,
+            "rejections": build_rejections, "clock_excess": build_clock_excess, "steps": build_steps,
             "flush_profile": build_flush_profile}
 
 

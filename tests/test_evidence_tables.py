@@ -169,3 +169,19 @@ def test_clock_excess_gives_the_judges_excess_per_call_and_per_batch():
     assert rows(table) == [["x", "small", "50", "50.0", "30.0", "20.0", "1.00"],
                            ["y", "large", "100", "500.0", "490.0", "10.0", "1.00"]]  # z has no clocks; smoke left out
     assert last_line(table).startswith("Per batch, the judge's clock reads a median 1.00 ms above")
+
+
+def test_steps_gives_what_was_taken_away_against_the_jobs_own_readings():
+    def timed(solution, workload, judge_ms, worker_ms, steps):
+        trace = make_trace(solution, workload, judge_ms, timing={"method": "events", "steps_per_call_ms": steps})
+        trace.performance.crosscheck = {"judge": {"latency_ms": judge_ms}, "worker": {"latency_ms": worker_ms}}
+        return trace
+
+    steps = {"subtracted": 0.320, "least": 0.324, "median": 0.326, "clean": 0.320}
+    traces = [timed("x", SMALL, 0.05, 0.04, steps), timed("reference", SMALL, 1.0, 0.9, steps),
+              timed("y", LARGE, 0.5, 0.49, {**steps, "clean": None, "subtracted": 0.324}),
+              timed("x", SMOKE, 0.02, 0.01, steps), make_trace("z", LARGE, 1.0)]
+    table = et.steps_table(traces, WORKLOADS)
+    assert rows(table) == [["x", "small", "10.0", "320.0", "324.0", "326.0", "320.0", "6.0"],
+                           ["y", "large", "10.0", "324.0", "324.0", "326.0", "—", "2.0"]]  # no reference, smoke, clocks
+    assert last_line(table).startswith("The steps taken away lie a median 4.0 µs per call below")

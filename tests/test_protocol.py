@@ -77,6 +77,8 @@ def test_a_pickle_is_not_a_reply(pipe_pair):
     (b'{"kind": "call_times", "event_ms": [-1.0]}', "event_ms"),
     (b'{"kind": "call_times", "event_ms": [1e308, 1e308]}', "event_ms"),  # finite, but their sum is not
     (b'{"kind": "call_times", "event_ms": [1.0], "passed": true}', "passed"),
+    (b'{"kind": "call_times", "event_ms": [1.0], "issue_ms": -1.0}', "issue_ms"),
+    (b'{"kind": "call_times", "event_ms": [1.0], "issue_ms": 1e300}', "issue_ms"),
     (b'{"kind": "batch_done", "event_ms": [1.0]}', "event_ms"),  # times come only when asked, off the clock
     (b'{"kind": "ready"', "message"),
 ])
@@ -88,6 +90,8 @@ def test_forged_or_malformed_replies_are_refused(payload, where):
 def test_nan_times_are_refused():
     with pytest.raises(ProtocolError):
         parse_reply(b'{"kind": "call_times", "event_ms": [NaN]}')
+    with pytest.raises(ProtocolError, match="issue_ms"):
+        parse_reply(b'{"kind": "call_times", "event_ms": [1.0], "issue_ms": NaN}')
 
 
 def test_an_oversized_frame_is_refused_before_it_is_read(pipe_pair):

@@ -1,5 +1,7 @@
 """The steps of a batch: the L2 flush methods and the batch loop, run on the CPU with small buffers."""
 
+import time
+
 import pytest
 import torch
 
@@ -43,6 +45,15 @@ def test_a_batch_draws_once_then_redraws_flushes_and_times_each_call():
     assert inputs.redrawn == [(0, 11, 0), (0, 12, 2)]
     assert steps == ["flush", "call 0", "store 0", "flush", "call 1", "store 1", "flush", "call 2", "store 2"]
     assert len(clock.times_ms()) == 3 and all(t >= 0 for t in clock.times_ms())
+
+
+def test_a_batch_records_how_long_the_host_took_to_issue_it():
+    clock = CallClock("cpu", 2)
+    start = time.perf_counter()
+    run_batch(Batch(calls=[Call(set=0, slot=0), Call(set=0, slot=1)]), RecordingInputs(), lambda: None,
+              lambda call: time.sleep(0.01), lambda call: None, clock)
+    took_ms = (time.perf_counter() - start) * 1e3
+    assert 20.0 <= clock.issue_ms <= took_ms  # both calls' host time, and nothing after the batch
 
 
 def test_a_clock_made_once_reports_only_the_last_batch_and_grows_when_it_must():

@@ -323,6 +323,13 @@ def test_the_steps_taken_away_are_recorded_with_what_they_were_chosen_from():
     assert steps == {"subtracted": 0.3, "least": 0.3, "median": 0.35, "clean": 0.35}
 
 
+def test_the_workers_issue_time_is_recorded_as_a_share_of_the_judges_batch_time():
+    stand_in = timed([2.0, 2.2, 2.4], [1.0] * 6)
+    assert stand_in.timing()["clock"]["worker_issue_share"] is None  # a worker that sent none
+    stand_in.times.issue_ms = [4.0, 1.1, 4.8]  # the batches took 4.0, 4.4 and 4.8 ms on the judge's clock
+    assert stand_in.timing()["clock"]["worker_issue_share"] == pytest.approx(1.0)
+
+
 def test_on_a_gpu_a_worker_clock_far_below_the_judges_is_rejected():
     with pytest.raises(_Stop) as stop:
         timed([2.0, 2.2], [0.01, 0.01, 0.01, 0.01], device="cuda").timing()

@@ -178,6 +178,9 @@ class CallTimes(Message):
 
     kind: Literal["call_times"] = "call_times"
     event_ms: list[float]
+    # How long the host took to issue the batch, to its last call (before waiting for the device): near
+    # the judge's time for the batch, the host, not the device, bounded it. A diagnostic in traces only.
+    issue_ms: float = Field(default=0.0, ge=0, le=MAX_CALL_MS, allow_inf_nan=False)
 
     @field_validator("event_ms")
     @classmethod

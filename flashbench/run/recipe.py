@@ -78,6 +78,7 @@ class CallClock:
         self.on_gpu = torch.device(device).type == "cuda"
         self.device = device
         self.calls = 0
+        self.issue_ms = 0.0  # the last batch's, to its last call: see CallTimes
         self._starts: list = []
         self._ends: list = []
         self._grow(capacity)
@@ -153,6 +154,7 @@ class InputSets:
 def run_batch(batch: Batch, inputs: InputSets, flush: L2Flush, invoke: Callable[[Call], None],
               after: Callable[[Call], None], clock: CallClock) -> None:
     """`invoke` is timed by `clock`; `after` (moving returned outputs into their slot) is not."""
+    start = time.perf_counter()
     clock.begin(len(batch.calls))
     inputs.draw(batch.fresh_seed, len(batch.calls))
     for k, call in enumerate(batch.calls):
@@ -163,6 +165,7 @@ def run_batch(batch: Batch, inputs: InputSets, flush: L2Flush, invoke: Callable[
         invoke(call)
         clock.stop(k)
         after(call)
+    clock.issue_ms = (time.perf_counter() - start) * 1e3
     synchronize(clock.device)
 
 

@@ -78,6 +78,7 @@ class _Times:
     baseline_ms: list[float] = field(default_factory=list)  # the same batch's harness steps, run by the judge
     batch_sizes: list[int] = field(default_factory=list)
     worker_ms: list[float] = field(default_factory=list)  # per call, every call
+    issue_ms: list[float] = field(default_factory=list)  # the worker's time to issue each timed batch
     clean_step_ms: float | None = None  # the steps' cost per call where no solution could touch the device
 
     @property
@@ -302,6 +303,7 @@ class _Job:
             raise _Stop(self.rejected("the worker's times do not match the batch it was sent"))
         if timed:
             self.times.worker_ms += times.event_ms
+            self.times.issue_ms.append(times.issue_ms)
         return elapsed_ms, batch
 
     def unless_failed(self, reply):
@@ -384,6 +386,7 @@ class _Job:
             "batches": len(self.times.batch_ms), "calls_per_batch": self.times.batch_sizes[0],
             "checked_calls": len(self.reads) - len(self.arena_sets) - 1,
             "steps_per_call_ms": self.steps_per_call_ms(),
+            "worker_issue_share": self.issue_share(),
         }, "clocks": {
             "judge": {key: judge[key] for key in ("latency_ms", "p10_ms", "p90_ms", "ci_low_ms", "ci_high_ms", "samples")},
             "worker": {key: worker[key] for key in ("latency_ms", "p10_ms", "p90_ms", "ci_low_ms", "ci_high_ms", "samples")},
@@ -396,6 +399,13 @@ class _Job:
         own = [base / size for base, size in zip(times.baseline_ms, times.batch_sizes)]
         return {"subtracted": harness_per_call_ms(times.baseline_ms, times.batch_sizes, times.clean_step_ms),
                 "least": min(own), "median": statistics.median(own), "clean": times.clean_step_ms}
+
+    def issue_share(self) -> float | None:
+        """The median, over the timed batches, of the worker's time to issue a batch over the judge's time
+        for it: near 1, the host bounded the batch and the judge's clock read host time, not the device's.
+        The worker's word, recorded to explain a figure; nothing is decided by it."""
+        shares = [issue / batch for issue, batch in zip(self.times.issue_ms, self.times.batch_ms) if batch > 0]
+        return statistics.median(shares) if shares else None
 
     def rejected(self, message: str) -> JobOutcome:
         return JobOutcome(status="REJECTED", message=message, log=self.worker.log_tail())

@@ -259,6 +259,24 @@ def test_timed_batches_are_sized_by_an_untimed_batch_of_about_the_targets_length
         assert all(entry == (1, True) for entry in ran) and len(ran) == 10  # iters=10 calls, one a batch
 
 
+@pytest.mark.parametrize("budget_ms, batches", [(100.0, 4), (1000.0, 10), (10.0, 2)])
+def test_a_slow_call_runs_what_fits_in_the_budget_and_never_fewer_than_min_batches(budget_ms, batches, monkeypatch):
+    """Calls of 25 ms, one a batch, iters=10: a 100 ms budget holds 4 of them, 1000 ms all 10; a 10 ms
+    budget holds none past min_batches (2)."""
+    stand_in = job()
+    stand_in.settings.timed_budget_ms = budget_ms
+    ran = []
+
+    def batch(calls, timed, graph, picked):
+        ran.append(len(calls))
+        return 25.0 * len(calls), None
+
+    monkeypatch.setattr(stand_in, "batch", batch)
+    stand_in.worker.paused = contextlib.nullcontext
+    stand_in.timed_batches(SimpleNamespace(time_ms=lambda batch: 0.0), 25.0)
+    assert ran == [1] * batches and stand_in.times.batch_sizes == [1] * batches
+
+
 @pytest.mark.parametrize("device, trusted", [("cuda:0", True), ("cuda:0", False), ("cpu", False)])
 def test_the_references_jobs_measure_the_clean_steps_and_the_others_are_capped_by_them(device, trusted,
                                                                                          monkeypatch):

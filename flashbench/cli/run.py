@@ -167,7 +167,7 @@ def timing_options(func):
     options = [
         click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present, else cpu)."),
         click.option("--warmup", type=click.IntRange(0), default=None, help="Untimed calls first (default 10 on GPU, 1 on CPU)."),
-        click.option("--iters", type=click.IntRange(1), default=None, help="Timed calls (default 100 on GPU, 5 on CPU)."),
+        click.option("--iters", type=click.IntRange(1), default=None, help="Timed calls per job: at least this many (default 100 on GPU, 5 on CPU) while they fit in 2 s."),
         click.option("--seed", type=int, default=None,
                      help="Seed of the first input set, for a run others can repeat (default: seeds drawn afresh, "
                           "unknown to any solution; traces say which)."),

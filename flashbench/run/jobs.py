@@ -21,7 +21,7 @@ from . import sandbox
 from .judge.clock import Baseline, CleanSteps
 from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
-from .options import GPU_CHECKED_CALLS, MIN_BATCHES, SLOT_BUDGET_BYTES, TARGET_BATCH_MS, RunOptions
+from .options import GPU_CHECKED_CALLS, MIN_BATCHES, SLOT_BUDGET_BYTES, TARGET_BATCH_MS, TIMED_BUDGET_MS, RunOptions
 from .plan import Candidate, Job
 from .protocol import Build, Failed, Probe, Setup
 from .recipe import L2Flush, release_cached_memory
@@ -149,7 +149,7 @@ class JobJudge:
             iters=options.iters, graph=self.timing_method(candidate) == "graph", flush=options.flush,
             timeout=options.timeout, target_batch_ms=TARGET_BATCH_MS[kind], min_batches=MIN_BATCHES[kind],
             checked_calls=options.checked_calls if options.checked_calls is not None or kind == "cpu" else GPU_CHECKED_CALLS,
-            slot_budget_bytes=SLOT_BUDGET_BYTES[kind],
+            slot_budget_bytes=SLOT_BUDGET_BYTES[kind], timed_budget_ms=TIMED_BUDGET_MS[kind],
         )
 
     def timing_method(self, candidate: Candidate) -> str:

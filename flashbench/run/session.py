@@ -60,6 +60,7 @@ class SessionSettings:
     min_batches: int
     slot_budget_bytes: int
     max_batch: int = 1000
+    timed_budget_ms: float = math.inf  # past min_batches, no more timed batches than fit in this much time
 
 
 @dataclass
@@ -226,7 +227,9 @@ class _Job:
         return self.batch(calls, timed=False, graph=self.settings.graph, picked={})[0] / count
 
     def timed_batches(self, baseline: Baseline, step_ms: float) -> None:
-        """Batches long enough that the handshake around each is negligible, and at least `iters` calls."""
+        """Batches long enough that the handshake around each is negligible, and at least `iters` calls,
+        unless they would take longer than the budget: a slow call (a PyTorch reference at 100-200 ms)
+        runs min_batches batches or what fits in the budget, whichever is more."""
         settings = self.settings
         size = self.batch_size(step_ms)
         if size > 1:
@@ -235,8 +238,10 @@ class _Job:
             # untimed batch of about the target's length measures the step again.
             sizing_ms = self.batch([self.fresh_call(k) for k in range(size)], timed=False, graph=settings.graph,
                                    picked={})[0]
-            size = self.batch_size(sizing_ms / size)
-        batches = max(settings.min_batches, math.ceil(settings.iters / size))
+            step_ms = sizing_ms / size
+            size = self.batch_size(step_ms)
+        affordable = settings.timed_budget_ms / max(size * step_ms, 1e-3)
+        batches = max(settings.min_batches, math.ceil(min(settings.iters / size, affordable)))
         picked = self.pick_checks(batches, size)
         for b in range(batches):
             calls = [self.fresh_call(k) for k in range(size)]

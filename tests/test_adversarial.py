@@ -79,7 +79,7 @@ OPTIONS = {
     # A public run seed the fixtures guessed: the input sets match their table, no timed call does.
     "later": {"seed": 0},
     # An address-space limit makes huge_allocation fail fast; a short timeout bounds hang and
-    # stops_reading_requests, which wait it out on each workload (the other requests take about 1 s).
+    # stops_reading_requests, which wait it out on each workload (the other requests take well under 1 s).
     "process": {"timeout": 5.0, "memory_limit_bytes": 8 << 30},
     "files": {},
     "unsandboxed": {"isolation": "process"},

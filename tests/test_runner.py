@@ -228,10 +228,10 @@ def test_a_cuda_solution_without_its_toolchain_is_the_judges_missing_dependency(
 def test_hang_times_out_and_the_run_goes_on(repo_copy, shared_cache, tmp_path):
     phases = []
     result = run_solutions(repo_copy, shared_cache, tmp_path, [FIXTURES / "hang", FIXTURES / "correct_dps"],
-                           timeout=10, workloads=["smoke_mixed"],
+                           timeout=3, workloads=["smoke_mixed"],
                            on_phase=lambda job, phase: phases.append((job.candidate.solution.name, phase)))
     hang, correct = result.traces
-    assert (hang.solution, hang.status, hang.message) == ("hang", "TIMEOUT", "no answer within 10 s")
+    assert (hang.solution, hang.status, hang.message) == ("hang", "TIMEOUT", "no answer within 3 s")
     assert "hang: looping forever" in hang.log
     assert (correct.solution, correct.status) == ("correct_dps", "PASSED")
     # Progress displays learn which pair is in which phase; the hang never got past its first calls.
@@ -516,7 +516,13 @@ def test_killed_runner_takes_a_hanging_worker_with_it(tmp_path, fresh_repo, kill
                                     "--workload", "smoke_mixed", "--timeout", "120"))
 
     def hanging():
-        return files.is_dir() and any(b"looping forever" in log.read_bytes() for log in files.glob("*.log"))
+        for log in files.glob("*.log"):
+            try:
+                if b"looping forever" in log.read_bytes():
+                    return True
+            except FileNotFoundError:  # the log of a worker that ended meanwhile (the reference's)
+                continue
+        return False
 
     wait_for(hanging, 120, "the solution to start looping")
     assert workers_of(repo_root)  # the looping worker (and at level namespaces, the unshare holding it)

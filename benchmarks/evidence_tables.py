@@ -103,6 +103,14 @@ def latency_us(trace: Trace | None) -> float | None:
     return trace.performance.latency_ms * 1e3
 
 
+def timed_pairs(latest: dict, workloads: list[Workload]):
+    """(workload, solution, trace) of every record of `latest` on a timed workload, in set order."""
+    for workload in timed(workloads, latest):
+        for (solution, uuid), trace in latest.items():
+            if uuid == workload.uuid:
+                yield workload, solution, trace
+
+
 def timed(workloads: list[Workload], ran: dict) -> list[Workload]:
     """The timed workloads of the set, in set order, that any record of `ran` is of."""
     uuids = {workload for _, workload in ran}
@@ -199,15 +207,14 @@ def clock_excess_table(traces: list[Trace], workloads: list[Workload]) -> str:
     """Per passed pair: the judge's clock above the worker's CUDA events, per call and per batch."""
     latest = current(traces)
     rows, per_batch = [], []
-    for workload in timed(workloads, latest):
-        for (solution, uuid), trace in latest.items():
-            if uuid != workload.uuid or trace.performance is None or "judge" not in trace.performance.crosscheck:
-                continue
-            clocks, size = trace.performance.crosscheck, trace.performance.timing["calls_per_batch"]
-            judge, worker = clocks["judge"]["latency_ms"] * 1e3, clocks["worker"]["latency_ms"] * 1e3
-            per_batch.append((judge - worker) * size / 1e3)
-            rows.append([solution, workload.label, size, f"{judge:.1f}", f"{worker:.1f}", f"{judge - worker:.1f}",
-                         f"{per_batch[-1]:.2f}"])
+    for workload, solution, trace in timed_pairs(latest, workloads):
+        if trace.performance is None or "judge" not in trace.performance.crosscheck:
+            continue
+        clocks, size = trace.performance.crosscheck, trace.performance.timing["calls_per_batch"]
+        judge, worker = clocks["judge"]["latency_ms"] * 1e3, clocks["worker"]["latency_ms"] * 1e3
+        per_batch.append((judge - worker) * size / 1e3)
+        rows.append([solution, workload.label, size, f"{judge:.1f}", f"{worker:.1f}", f"{judge - worker:.1f}",
+                     f"{per_batch[-1]:.2f}"])
     table = markdown(["solution", "workload", "calls per batch", "judge (µs)", "worker events (µs)",
                       "judge above events, per call (µs)", "the same, per batch (ms)"], rows)
     if not per_batch:
@@ -403,16 +410,15 @@ def build_events_graph(definition, *solution):
 def steps_table(traces: list[Trace], workloads: list[Workload]) -> str:
     latest = current(traces)
     rows, gaps = [], []
-    for workload in timed(workloads, latest):
-        for (solution, uuid), trace in latest.items():
-            if uuid != workload.uuid or solution == REFERENCE or events_us(trace) is None:
-                continue
-            steps = {k: v * 1e3 for k, v in trace.performance.timing.get("steps_per_call_ms", {}).items() if v}
-            if "subtracted" not in steps:
-                continue
-            gaps.append(steps["median"] - steps["subtracted"])
-            rows.append([solution, workload.label, f"{latency_us(trace) - events_us(trace):.1f}",
-                         *(us(steps.get(k)) for k in ("subtracted", "least", "median", "clean")), f"{gaps[-1]:.1f}"])
+    for workload, solution, trace in timed_pairs(latest, workloads):
+        if solution == REFERENCE or events_us(trace) is None:
+            continue
+        steps = {k: v * 1e3 for k, v in trace.performance.timing.get("steps_per_call_ms", {}).items() if v}
+        if "subtracted" not in steps:
+            continue
+        gaps.append(steps["median"] - steps["subtracted"])
+        rows.append([solution, workload.label, f"{latency_us(trace) - events_us(trace):.1f}",
+                     *(us(steps.get(k)) for k in ("subtracted", "least", "median", "clean")), f"{gaps[-1]:.1f}"])
     table = markdown(["solution", "workload", "judge above events (µs/call)", "steps taken away (µs/call)",
                       "least of the job's readings", "median of them", "clean (measured apart)",
                       "median less taken away"], rows)
@@ -447,16 +453,19 @@ def build_moved(old_file, new_file):
     return moved_table(old, new, workloads), sources, hardware
 
 
-def build_clock_excess(file):
+def one_file(file, table):
+    """A table of one trace file's records, given its definition's workloads."""
     path = path_of(file)
     traces = read(path)
-    return clock_excess_table(traces, workloads_of(definition_of(traces, path))), [f"`{rel(path)}`"], devices(traces)
+    return table(traces, workloads_of(definition_of(traces, path))), [f"`{rel(path)}`"], devices(traces)
+
+
+def build_clock_excess(file):
+    return one_file(file, clock_excess_table)
 
 
 def build_steps(file):
-    path = path_of(file)
-    traces = read(path)
-    return steps_table(traces, workloads_of(definition_of(traces, path))), [f"`{rel(path)}`"], devices(traces)
+    return one_file(file, steps_table)
 
 
 def build_rejections(*file_or_glob):

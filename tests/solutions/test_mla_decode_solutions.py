@@ -4,7 +4,8 @@ The Triton solution runs under Triton's interpreter (TRITON_INTERPRET=1) in a ch
 variable never leaks into other tests; the PyTorch solution runs in-process. Cases are tiny: a few
 requests, random non-contiguous page ids, unequal lengths, kv_len 1 and empty requests (output 0,
 lse -inf). Besides the default entry point, the Triton kernel is run with small work units so that
-chunks cross request boundaries and requests are merged from many partials.
+chunks cross request boundaries and requests are merged from many partials, with chunks cut from
+the mean request length or from the flattened tokens, and with several merge tilings.
 """
 
 import json
@@ -38,6 +39,8 @@ TRITON_CONFIGS = {
     "entry_point": None,
     "cross_request_chunks": dict(block_n=16, num_units=5, min_chunk=1),
     "many_partials": dict(block_n=16, num_units=40, min_chunk=1, merge="coarse"),
+    "column_merge": dict(block_n=16, num_units=12, min_chunk=1, merge="columns"),
+    "unaligned_chunks": dict(block_n=16, num_units=12, min_chunk=1, aligned=False),
 }
 
 

@@ -3,12 +3,35 @@ build cache for the whole session, so tests never write into the repository's tr
 .flashbench-cache. (Reference outputs are no longer cached on disk: nothing needs a private
 XDG_CACHE_HOME.)"""
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def share_the_cores() -> None:
+    """Under pytest-xdist, each test process (and every process it starts: CLI runs, Ray, Triton's
+    interpreter, the sandboxed workers before they set their own count) gets its share of the
+    machine's cores for torch's intra-op threads, not all of them: two processes of two threads on
+    two cores spent a quarter of the suite's CPU time in threads waiting for one another (the
+    judge's references and checks, whole-repository validations). Without xdist, and where
+    OMP_NUM_THREADS is set, nothing changes. Called before torch (and numpy, whose BLAS reads the
+    variable once) is imported in this process."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cores // int(workers))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+share_the_cores()
 
 
 OP_TYPE = "mla_paged"  # the definitions the runner tests use; other op types are left out

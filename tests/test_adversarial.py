@@ -1,8 +1,11 @@
 """The adversarial corpus (tests/fixtures/adversarial.yaml) through the runner on the smoke
-workloads: every entry gets its recorded verdict on every workload, a correct solution after
-the entries of each group still passes, and nothing an entry tried outlives the run: no
+workloads: every entry gets its recorded verdict on every workload, with a message saying what
+went wrong, each pair recorded in order (the trace file agreeing); a correct solution after the
+entries of each group still passes and is timed; and nothing an entry tried outlives the run: no
 process, no file in the trace directory, no exchange directory, no evidence of code run in the
-runner. docs/threat_model.md describes the attack classes and the defence each meets.
+runner. docs/threat_model.md describes the attack classes and the defence each meets. (This is
+the suite's one run of the corpus: tests/test_runner.py's checks of how the runner reports these
+failures are here too.)
 
 The fixtures run from a copy (symbolic links kept), into which the test writes each folder's
 `targets.json`: the paths a fixture aims at (the run's trace file, the repository copy's
@@ -299,7 +302,7 @@ def test_verdict(adversarial_run, name):
                 assert trace.performance is not None and trace.performance.latency_ms > 0, described
                 assert trace.performance.latency_ms >= expectation.get("min_latency_ms", 0), described
             else:
-                assert trace.performance is None, described
+                assert trace.performance is None and trace.message, described
     if not checked:
         pytest.skip(f"nothing is promised at level {default_level()}")
 
@@ -315,6 +318,70 @@ def test_every_trace_records_its_isolation_level(adversarial_run):
         assert result.isolation in LEVELS, group
         assert result.isolation == ("process" if group == "unsandboxed" else default_level()), group
         assert {trace.isolation for trace in result.traces} == {result.isolation}, group
+
+
+# How the runner records the failures, and the run going on after them.
+
+def test_every_pair_is_recorded_in_order(adversarial_run):
+    """Each group's pairs in the order given, every workload of an entry before the next entry; the
+    trace file holds the same statuses in the same order."""
+    for group, names in groups().items():
+        result = adversarial_run.results[group]
+        assert [(t.solution, t.workload_name) for t in result.traces] == [(n, w) for n in names for w in SMOKE], group
+        lines = [json.loads(line) for line in result.trace_file.read_text().splitlines()]
+        assert [line["status"] for line in lines] == [t.status for t in result.traces], group
+        assert {line["isolation"] for line in lines} == {result.isolation}, group
+        assert result.skipped == [], group
+
+
+def only_trace(adversarial_run, name: str, workload: str):
+    """The trace of an entry that runs in one group only."""
+    (trace,) = adversarial_run.traces[(name, workload)]
+    return trace
+
+
+def test_a_crash_at_import_is_named_as_one_of_the_build(adversarial_run):
+    for workload in SMOKE:  # the second workload's worker was a fresh one, and crashed on its own
+        assert only_trace(adversarial_run, "exit_at_import", workload).message == "build: the worker exited with code 3"
+
+
+def test_failure_messages_say_what_went_wrong(adversarial_run):
+    pick = lambda name: only_trace(adversarial_run, name, "smoke_mixed")  # noqa: E731
+    assert "[1, 4, 16, 512]" in pick("wrong_shape").message  # smoke_mixed has 4 requests
+    assert "Traceback" in pick("raises").log
+    assert pick("missing_dep").message == "not installed: package_that_does_not_exist_xyz"
+
+
+def test_unwritten_rows_stay_poisoned_and_fail(adversarial_run):
+    trace = only_trace(adversarial_run, "partial_write", "smoke_mixed")
+    assert trace.correctness["output"].max_abs_error == float("inf")
+    assert trace.correctness["output"].mismatch_fraction == pytest.approx(0.5)  # 2 of 4 requests written
+
+
+def test_printed_claims_are_only_logged(adversarial_run):
+    trace = only_trace(adversarial_run, "prints_fake_results", "smoke_mixed")
+    assert "PASSED latency 0.001" in trace.log
+    assert trace.status == "INCORRECT_NUMERICAL" and trace.performance is None
+
+
+def test_the_control_after_the_failures_passes_and_is_timed(adversarial_run):
+    for group, result in adversarial_run.results.items():
+        options = {**BASE, **OPTIONS[group]}
+        if options["device"] != "cpu":
+            continue
+        controls = [trace for trace in result.traces if trace.solution == CONTROL]
+        assert [trace.workload_name for trace in controls] == SMOKE, group
+        for trace in controls:
+            timing = trace.performance.timing
+            assert trace.status == "PASSED" and trace.performance.latency_ms > 0, group
+            assert timing["batches"] * timing["calls_per_batch"] >= options["iters"], group
+            assert (timing["method"], timing["warmup"], timing["iters"]) == ("host clock", 0, options["iters"]), group
+            assert timing["seeds"] == ("secret" if options.get("seed") is None else "public"), group
+            assert timing["l2_flush_bytes"] == 0, group  # no L2 flush on a CPU
+            assert trace.performance.reference_latency_ms is None, group  # the reference was not part of the run
+            assert trace.performance.speedup is None, group
+            assert trace.correctness["output"].mismatch_fraction == 0.0, group
+            assert trace.log == "", group
 
 
 # What the entries must not leave behind.

@@ -3,7 +3,7 @@
 Real runs on the CPU: every timed call can be checked there, so a solution wrong only from its
 Nth call on fails with a message naming a timed call; the inputs of every call differ (a solution
 records a fingerprint of each call's inputs; caches keyed by the inputs' buffers or structure go
-stale); the two identical calls must agree (tests/test_runner.py has a solution that changes its
+stale); the two identical calls must agree (tests/test_adversarial.py has a solution that changes its
 inputs); the ranked latency is the larger of the judge's and the worker's medians; each trace
 records its isolation level and how many timed calls were checked. Then the session's rules
 without a worker: which call uses which input set and output slot, which calls are picked for

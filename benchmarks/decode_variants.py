@@ -10,7 +10,6 @@ One line per workload.
     python benchmarks/decode_variants.py [WORKLOAD,WORKLOAD,...]
 """
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from flashbench import Repo, generate_inputs
 from flashbench.build import BuildError, load_entry_point
 from flashbench.registry import load_solution_folder
 from flashbench.run.recipe import L2Flush
+from l2_flush import outputs_for, time_after_flush
 
 ROOT = Path(__file__).resolve().parents[1]
 DECODE = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -35,21 +35,6 @@ VARIANTS = {
     "units_per_sm_3": dict(units_per_sm=3),
     "stages_4": dict(num_stages=4),
 }
-
-
-def timed(call, flush: L2Flush) -> float:
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
-    for start, end in zip(starts, ends):
-        flush()
-        start.record()
-        call()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
 
 
 def module(solution: str):
@@ -72,19 +57,16 @@ def main(names: list[str]) -> None:
     flush = L2Flush("write+read", "cuda")
     for name in names:
         inputs = generate_inputs(definition, workloads[name], SEED, "cuda", ROOT)
-        batch, heads, dim = inputs["q_nope"].shape
-        output = torch.empty(batch, heads, dim, dtype=inputs["q_nope"].dtype, device="cuda")
-        lse = torch.empty(batch, heads, dtype=torch.float32, device="cuda")
-        args = [inputs[k] for k in ("q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices", "sm_scale")]
-        args += [output, lse]
+        output, lse = outputs_for(definition, inputs)
+        args = [inputs[name] for name in definition.inputs] + [output, lse]
         row = {}
         if flashinfer is not None:
-            row["flashinfer"] = timed(lambda: flashinfer(*args), flush)
+            row["flashinfer"] = time_after_flush(lambda: flashinfer(*args), flush, CALLS)
         triton.launch(*args, aligned=False)
         torch.cuda.synchronize()
         expected = output.clone(), lse.clone()
         for variant, settings in VARIANTS.items():
-            row[variant] = timed(lambda: triton.launch(*args, **settings), flush)
+            row[variant] = time_after_flush(lambda: triton.launch(*args, **settings), flush, CALLS)
             for _ in range(10):
                 output.fill_(float("nan"))
                 triton.launch(*args, **settings)
@@ -94,9 +76,9 @@ def main(names: list[str]) -> None:
                     break
         launch = triton._launch
         triton._launch = lambda kernel, *a: None if kernel is triton._mla_decode_merge_kernel else launch(kernel, *a)
-        row["split_only"] = timed(lambda: triton.launch(*args), flush)
+        row["split_only"] = time_after_flush(lambda: triton.launch(*args), flush, CALLS)
         triton._launch = launch
-        print(f"{name:24s} B={batch} tokens={inputs['kv_indices'].shape[0]} "
+        print(f"{name:24s} B={output.shape[0]} tokens={inputs['kv_indices'].shape[0]} "
               + " ".join(f"{k}={v:.1f}" for k, v in row.items()), flush=True)
 
 

@@ -49,13 +49,13 @@ def kernels() -> dict:
     for workload in repo.workload_set(DECODE).workloads:
         if workload.name in DECODE_WORKLOADS:
             inputs = generate_inputs(definition, workload, 1, device, repo.definition_path(DECODE).parent)
-            outputs = _outputs(definition, inputs)
+            outputs = outputs_for(definition, inputs)
             args = [inputs[name] for name in definition.inputs] + outputs
             found[f"MLA decode {workload.name}"] = lambda args=args: run(*args)
     return found
 
 
-def _outputs(definition, inputs) -> list:
+def outputs_for(definition, inputs) -> list:
     from flashbench.binding import bind_axes, output_shapes
     from flashbench.dtypes import torch_dtype
 

@@ -16,6 +16,7 @@ from flashbench.binding import bind_axes, output_shapes
 from flashbench.build import load_entry_point
 from flashbench.dtypes import torch_dtype
 from flashbench.run import select_solutions, select_workloads
+from flashbench.run.protocol import Call
 from flashbench.run.recipe import L2Flush, InputSets
 from flashbench.workloads import generate_inputs, random_inputs
 
@@ -31,10 +32,10 @@ def run(entry, sets_inp, outs, lead_cycles, call=True):
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(N)]; ends = [torch.cuda.Event(enable_timing=True) for _ in range(N)]
     torch.cuda.synchronize()
     t0 = time.perf_counter(); ev0.record()
-    sets_inp.draw(12345, N)
+    sets_inp.draw(12345, [Call(set=0, slot=0, seed=1000 + k) for k in range(N)])
     t_draw = time.perf_counter()
     for k in range(N):
-        sets_inp.redraw(0, 1000 + k, k)
+        sets_inp.redraw(k)
         if lead_cycles: torch.cuda._sleep(lead_cycles)
         flush()
         starts[k].record()

@@ -218,6 +218,8 @@ def test_the_baseline_runs_the_steps_of_every_call_on_scratch_inputs(job_inputs,
     flush = CountingFlush()
     baseline = Baseline(job_inputs, flush, copies_outputs=copies_outputs, max_calls=5)
     scratch = snapshot(baseline.inputs.sets[0])
+    for slot in baseline.slots or ():
+        slot.fill_(1)  # unlike what a call returns (zeros), until the copies
     elapsed = baseline.time_ms(seeded_batch(5))
     assert elapsed >= 0
     assert flush.count == 5 * BASELINE_REPEATS["cpu"]  # one flush per call, in each repeat
@@ -228,10 +230,11 @@ def test_the_baseline_runs_the_steps_of_every_call_on_scratch_inputs(job_inputs,
     for before, after in zip(sets + current, job_inputs.sets + job_inputs.current):
         assert all(torch.equal(before[name], after[name]) for name in before)
     if copies_outputs:  # a solution that returns its outputs has them copied into a slot: so does the baseline
-        assert [tuple(returned.shape) for returned, _ in baseline.outputs] == \
+        assert [tuple(returned.shape) for returned in baseline.returned] == \
             [tuple(shape) for _, shape in job_inputs.outputs.values()]
+        assert all(torch.equal(slot, returned) for slot, returned in zip(baseline.slots, baseline.returned))
     else:
-        assert baseline.outputs is None
+        assert baseline.slots is None
 
 
 def test_the_baseline_is_the_least_of_its_repeats(job_inputs, monkeypatch):

@@ -29,10 +29,12 @@ class RecordingInputs:
         self.drawn, self.redrawn = [], []
 
     def draw(self, seed, calls):
-        self.drawn.append((seed, calls))
+        self.drawn.append((seed, len(calls)))
+        self.calls = calls
 
-    def redraw(self, index, seed, k):
-        self.redrawn.append((index, seed, k))
+    def redraw(self, k):
+        if self.calls[k].seed is not None:
+            self.redrawn.append((self.calls[k].set, self.calls[k].seed, k))
 
 
 def test_a_batch_draws_once_then_redraws_flushes_and_times_each_call():
@@ -71,14 +73,15 @@ def test_a_redrawn_window_is_the_same_on_both_sides_and_changes_the_set(decode_i
     names = random_inputs(definition, workload)
     worker = InputSets(definition, workload, [{k: v.clone() for k, v in made.items()}], names)
     judge = InputSets(definition, workload, [{k: v.clone() for k, v in made.items()}], names)
+    calls = [Call(set=0, slot=0), Call(set=0, slot=1, seed=456)]
     for sets in (worker, judge):
-        sets.draw(seed=123, calls=2)
-        sets.redraw(0, seed=456, k=1)
+        sets.draw(seed=123, calls=calls)
+        sets.redraw(1)
     for name in names:
         assert torch.equal(worker.sets[0][name], judge.sets[0][name])
         assert not torch.equal(worker.sets[0][name], made[name])
-    worker.draw(seed=124, calls=2)
-    worker.redraw(0, seed=456, k=1)
+    worker.draw(seed=124, calls=calls)
+    worker.redraw(1)
     assert any(not torch.equal(worker.sets[0][n], judge.sets[0][n]) for n in names)
 
 
@@ -129,3 +132,16 @@ def test_cached_device_memory_goes_back_before_a_worker_needs_it(monkeypatch, de
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     release_cached_memory(device)
     assert calls == (["empty_cache"] if released else [])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_gpu_flush_replays_the_same_launches_from_a_graph():
+    flush = L2Flush("write+read", "cuda", nbytes=1 << 20)
+    flush._read.fill_(1.0)
+    for _ in range(3):  # the first issues and captures, the others replay
+        flush._written.fill_(7)
+        flush._sink.zero_()
+        flush()
+        torch.cuda.synchronize()
+        assert int(flush._written.max()) == 0 and float(flush._sink) == flush._read.numel()
+    assert flush._graph is not None

@@ -16,9 +16,10 @@ from flashbench.cost import evaluate_cost
 from flashbench.model import Lengths, Workload
 from flashbench.model.workload import FP8KVCache, KVCacheValues, SparseDecodeIndices, SparsePrefillIndices
 from flashbench.run.judge.inputs import JobInputs
+from flashbench.run.protocol import Call
 from flashbench.run.recipe import InputSets
 from flashbench.workloads import (
-    REDRAW_WINDOW_BYTES, GeneratedData, derive_seed, generate_inputs, generated_data, generators, random_inputs,
+    REDRAW_WINDOW_BYTES, GeneratedData, derive_seed, draw_data_windows, generate_inputs, generated_data, generators, random_inputs,
     unredrawn_data_inputs,
 )
 from flashbench.workloads.generators import (
@@ -171,8 +172,8 @@ def made_tensors(definition, workload, seed):
 def redrawn(definition, workload, tensors, batch_seed=5, calls=3, call_seed=77, k=1):
     """A worker's view: the set after one call's redraw (window k of a batch of `calls`)."""
     sets = InputSets(definition, workload, [{n: t.clone() for n, t in tensors.items()}], random_inputs(definition, workload))
-    sets.draw(batch_seed, calls)
-    sets.redraw(0, call_seed, k)
+    sets.draw(batch_seed, [Call(set=0, slot=j, seed=call_seed if j == k else None) for j in range(calls)])
+    sets.redraw(k)
     return sets
 
 
@@ -264,7 +265,8 @@ def test_a_call_redraws_a_window_of_a_generated_cache_validly(packed):
     changed = torch.nonzero((before != after).any(1)).flatten()
     start = int(changed.min())
     assert int(changed.max()) < start + count and len(changed) > 0.95 * count  # one window, (nearly) every row of it
-    assert torch.equal(after[start:start + count], sets.fresh_data[name][count:2 * count])  # window k=1 of the batch
+    fresh = draw_data_windows(workload, tensors, sets.data, seed=5, calls=3)[name]  # the batch's draw in `redrawn`
+    assert torch.equal(after[start:start + count], fresh[count:2 * count])  # window k=1 of the batch
     bind_axes(definition, {**made, **sets.sets[0]})  # shapes, dtypes, constraints: as validate checks them
     if packed:
         assert_valid_packed(after)
@@ -322,9 +324,9 @@ def test_the_judges_replay_writes_what_the_worker_writes(name, workload_name):
     data = next(n for n in judge.redrawn_names if n not in judge.random_names)
     for batch_seed, calls in ((3, [(0, 101), (1, 102), (0, 103)]), (4, [(1, 104)])):
         for sets in (judge.replay, worker):
-            sets.draw(batch_seed, len(calls))
-            for k, (index, seed) in enumerate(calls):
-                sets.redraw(index, seed, k)
+            sets.draw(batch_seed, [Call(set=index, slot=k, seed=seed) for k, (index, seed) in enumerate(calls)])
+            for k in range(len(calls)):
+                sets.redraw(k)
     for index in (0, 1):
         for n, tensor in worker.sets[index].items():
             assert torch.equal(tensor, judge.current[index][n]), n

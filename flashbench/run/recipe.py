@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from ..model import Definition, Workload
-from ..workloads import GeneratedData, draw_data_windows, draw_windows, redrawn_data, write_data_window, write_window
+from ..workloads import GeneratedData, data_window_copies, draw_data_windows, draw_windows, redrawn_data, window_copies
 from .protocol import Batch, Call
 
 FLUSH_BYTES = 256 << 20  # over 4x the H200's 60 MB L2
@@ -48,13 +48,16 @@ def flush_label(method: str) -> str:
 
 
 class L2Flush:
-    """Puts the L2 cache in one defined state before every call (runs use "none" on a CPU)."""
+    """Puts the L2 cache in one defined state before every call (runs use "none" on a CPU). On a GPU
+    the flush's launches are captured once in a CUDA graph and replayed: the same kernels on the
+    device, a quarter of the host's time to issue them (see READ_PASSES)."""
 
     def __init__(self, method: str, device: str, nbytes: int = FLUSH_BYTES):
         if method not in FLUSH_METHODS:
             raise ValueError(f"no L2 flush method {method!r}; known: {', '.join(FLUSH_METHODS)}")
         self.method = method
-        self._written = self._read = self._sink = None
+        self._written = self._read = self._sink = self._graph = None
+        self._on_gpu = torch.device(device).type == "cuda" and method != "none"
         if "write" in method:
             self._written = torch.empty(nbytes, dtype=torch.uint8, device=device)
         if "read" in method:
@@ -62,6 +65,17 @@ class L2Flush:
             self._sink = torch.empty((), dtype=torch.float32, device=device)
 
     def __call__(self) -> None:
+        if self._graph is not None:
+            self._graph.replay()
+            return
+        self._launch()
+        if self._on_gpu:  # after one flush issued as it is, the same launches captured
+            self._graph = torch.cuda.CUDAGraph()
+            # thread_local: another lane's thread may use the device (its own) meanwhile
+            with torch.cuda.graph(self._graph, capture_error_mode="thread_local"):
+                self._launch()
+
+    def _launch(self) -> None:
         if self._written is not None:
             self._written.zero_()
         if self._read is not None:
@@ -119,6 +133,22 @@ class CallClock:
 
 
 @dataclass
+class _CallWrites:
+    """One call's redraw, worked out before its batch issues a call: the host work left per call is
+    one multi-tensor copy (and an indexed copy per input whose data rows are scattered)."""
+
+    targets: list[torch.Tensor]
+    sources: list[torch.Tensor]
+    indexed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # (table, rows, window)
+
+    def apply(self) -> None:
+        if self.targets:
+            torch._foreach_copy_(self.targets, self.sources)
+        for table, rows, window in self.indexed:
+            table.index_copy_(0, rows, window)
+
+
+@dataclass
 class InputSets:
     """The tensor inputs of each set and how a batch redraws part of their data: one draw of fresh
     data per input for the whole batch (from the batch's seed), then per call a window of it
@@ -130,20 +160,35 @@ class InputSets:
     workload: Workload
     sets: list[dict[str, torch.Tensor]]
     random_names: list[str]
-    fresh: dict | None = None
     data: dict[str, GeneratedData] = field(init=False)
-    fresh_data: dict | None = field(default=None, init=False)
+    writes: list[_CallWrites | None] = field(default_factory=list, init=False)  # the batch's, per call
 
     def __post_init__(self):
         self.data = redrawn_data(self.definition, self.workload, self.sets[0])
 
-    def draw(self, seed: int, calls: int) -> None:
-        self.fresh = draw_windows(self.definition, self.workload, self.sets[0], self.random_names, seed, calls)
-        self.fresh_data = draw_data_windows(self.workload, self.sets[0], self.data, seed, calls)
+    def draw(self, seed: int, calls: list[Call]) -> None:
+        """The batch's fresh data, and where each call with a seed writes its windows of it."""
+        fresh = draw_windows(self.definition, self.workload, self.sets[0], self.random_names, seed, len(calls))
+        fresh_data = draw_data_windows(self.workload, self.sets[0], self.data, seed, len(calls))
+        self.writes = [None if call.seed is None else self._writes(call, k, fresh, fresh_data)
+                       for k, call in enumerate(calls)]
 
-    def redraw(self, index: int, seed: int, k: int) -> None:
-        write_window(self.workload, self.sets[index], self.fresh, k, seed)
-        write_data_window(self.workload, self.sets[index], self.data, self.fresh_data, k, seed)
+    def _writes(self, call: Call, k: int, fresh: dict, fresh_data: dict) -> _CallWrites:
+        inputs = self.sets[call.set]
+        plain = window_copies(self.workload, inputs, fresh, k, call.seed)
+        indexed = []
+        for table, rows, window in data_window_copies(self.workload, inputs, self.data, fresh_data, k, call.seed):
+            if rows is None:
+                plain.append((table, window))
+            else:
+                indexed.append((table, rows, window))
+        return _CallWrites([target for target, _ in plain], [source for _, source in plain], indexed)
+
+    def redraw(self, k: int) -> None:
+        """Call `k` of the batch drawn last: its windows written into its set (nothing without a seed)."""
+        writes = self.writes[k]
+        if writes is not None:
+            writes.apply()
 
     @property
     def redrawn_names(self) -> list[str]:
@@ -156,10 +201,9 @@ def run_batch(batch: Batch, inputs: InputSets, flush: L2Flush, invoke: Callable[
     """`invoke` is timed by `clock`; `after` (moving returned outputs into their slot) is not."""
     start = time.perf_counter()
     clock.begin(len(batch.calls))
-    inputs.draw(batch.fresh_seed, len(batch.calls))
+    inputs.draw(batch.fresh_seed, batch.calls)
     for k, call in enumerate(batch.calls):
-        if call.seed is not None:
-            inputs.redraw(call.set, call.seed, k)
+        inputs.redraw(k)
         flush()
         clock.start(k)
         invoke(call)

@@ -319,10 +319,9 @@ class _Job:
 
     def replay(self, batch: Batch, each_call: Callable[[int, Call], None] = lambda k, call: None) -> None:
         """The batch's redraws on the judge's copies of the sets, `each_call` seeing each call's inputs."""
-        self.inputs.replay.draw(batch.fresh_seed, len(batch.calls))
+        self.inputs.replay.draw(batch.fresh_seed, batch.calls)
         for k, call in enumerate(batch.calls):
-            if call.seed is not None:
-                self.inputs.replay.redraw(call.set, call.seed, k)
+            self.inputs.replay.redraw(k)
             each_call(k, call)
 
     def expected_outputs(self) -> list[CheckedCall]:

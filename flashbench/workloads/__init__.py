@@ -5,8 +5,8 @@ workload always has the same lengths and pages; tensor contents (random inputs, 
 generator makes, e.g. an FP8 KV cache) are seeded by the input set's seed, so several seeds give
 independent input sets of the same shape, and a run whose seeds are secret has secret data.
 
-Every call then redraws a window of each data input in place (draw_windows/write_window for random
-inputs, draw_data_windows/write_data_window for generated data), from seeds revealed only in the
+Every call then redraws a window of each data input in place (draw_windows/window_copies for random
+inputs, draw_data_windows/data_window_copies for generated data), from seeds revealed only in the
 batch that makes the call: no output can be precomputed, and no cache of earlier calls answers one.
 unredrawn_data_inputs names what carries data yet never changes (outputs that could be memoized).
 """
@@ -25,8 +25,8 @@ from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 from .generators import DATA_OUTPUTS, GENERATORS, GeneratedData, sample_lengths
 from .tensors import DEFAULT_RANDOM, random_tensor, safetensors_tensor, scalar_value
 
-__all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "draw_windows", "write_window",
-           "generated_data", "redrawn_data", "draw_data_windows", "write_data_window", "unredrawn_data_inputs",
+__all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "draw_windows", "window_copies",
+           "generated_data", "redrawn_data", "draw_data_windows", "data_window_copies", "unredrawn_data_inputs",
            "sample_lengths", "structured_inputs"]
 
 
@@ -41,7 +41,7 @@ def generate_inputs(
 ) -> dict[str, Any]:
     """Every input of `workload` on `device`, checked against the definition's shapes and constraints.
     Timed calls redraw parts of the random inputs and generated data in place (draw_windows,
-    write_window; draw_data_windows, write_data_window)."""
+    window_copies; draw_data_windows, data_window_copies)."""
     inputs, axes = structured_inputs(workload, device, seed)
     both = sorted(set(inputs) & set(workload.inputs))
     if both:
@@ -105,13 +105,17 @@ def draw_windows(definition: Definition, workload: Workload, like: dict[str, Any
     return fresh
 
 
-def write_window(workload: Workload, inputs: dict[str, Any], fresh: dict[str, Any], k: int, seed: int) -> None:
-    """Overwrite each input of `fresh` in place, at an offset drawn from `seed`, with window `k` of its data."""
+def window_copies(workload: Workload, inputs: dict[str, Any], fresh: dict[str, Any], k: int,
+                  seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(target, source) for each input of `fresh`: where in the input window `k` of its data goes, at an
+    offset drawn from `seed`. Copying every source into its target is the call's redraw."""
+    copies = []
     for name, data in fresh.items():
         flat = inputs[name].view(-1)
         count = window_elements(flat)
         start = derive_seed(seed, workload.uuid, name, "window") % (flat.numel() - count + 1)
-        flat[start:start + count].copy_(data[k * count:(k + 1) * count])
+        copies.append((flat[start:start + count], data[k * count:(k + 1) * count]))
+    return copies
 
 
 def structured_inputs(workload: Workload, device: str, seed: int | None = None) -> tuple[dict[str, Any], dict[str, int]]:
@@ -189,20 +193,23 @@ def draw_data_windows(workload: Workload, like: dict[str, Any], data: dict[str, 
     return fresh
 
 
-def write_data_window(workload: Workload, inputs: dict[str, Any], data: dict[str, GeneratedData], fresh: dict[str, Any],
-                      k: int, seed: int) -> None:
-    """Overwrite window `k` of each generated data input's fresh rows into it in place, at rows
-    start.. of its data rows, start drawn from `seed`."""
-    for name, rows in fresh.items():
+def data_window_copies(workload: Workload, inputs: dict[str, Any], data: dict[str, GeneratedData],
+                       fresh: dict[str, Any], k: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    """(table, rows, window) for each generated data input of `fresh`: window `k` of its fresh rows goes
+    to rows start.. of its data rows, start drawn from `seed`. `rows` is None where every row carries
+    data: the window is then a slice of `table`, and the table the slice."""
+    copies = []
+    for name, fresh_rows in fresh.items():
         spec = data[name]
         table = inputs[name].view(-1, spec.width)
         total, count = data_window(spec, inputs[name])
         start = derive_seed(seed, workload.uuid, name, "window") % (total - count + 1)
-        window = rows[k * count:(k + 1) * count]
+        window = fresh_rows[k * count:(k + 1) * count]
         if spec.rows is None:
-            table[start:start + count].copy_(window)
+            copies.append((table[start:start + count], None, window))
         else:
-            table.index_copy_(0, spec.rows[start:start + count], window)
+            copies.append((table, spec.rows[start:start + count], window))
+    return copies
 
 
 def _concrete_shape(name: str, shape: list[str], axes: dict[str, int]) -> list[int]:

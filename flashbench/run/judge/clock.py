@@ -46,11 +46,11 @@ class Baseline:
         scratch = {name: tensor.clone() for name, tensor in inputs.tensors.items()}
         self.inputs = InputSets(inputs.definition, inputs.workload, [scratch], inputs.random_names)
         self.flush = flush
-        self.outputs = None
+        self.returned = self.slots = None
         if copies_outputs:  # the worker moves returned outputs into their slot: so does the baseline
-            self.outputs = [(torch.zeros(shape, dtype=torch_dtype(dtype), device=self.device),
-                             torch.empty(shape, dtype=torch_dtype(dtype), device=self.device))
-                            for dtype, shape in inputs.outputs.values()]
+            self.returned = [torch.zeros(shape, dtype=torch_dtype(dtype), device=self.device)
+                             for dtype, shape in inputs.outputs.values()]
+            self.slots = [torch.empty_like(returned) for returned in self.returned]
 
     def time_ms(self, batch: Batch) -> float:
         mapped = batch.model_copy(update={"calls": [Call(set=0, slot=0, seed=call.seed) for call in batch.calls]})
@@ -63,8 +63,8 @@ class Baseline:
         return (time.perf_counter() - start) * 1e3
 
     def _copy(self, call: Call) -> None:
-        for returned, slot in self.outputs or ():
-            slot.copy_(returned)
+        if self.slots:
+            torch._foreach_copy_(self.slots, self.returned)
 
 
 class CleanSteps:

@@ -145,3 +145,4 @@ def test_a_gpu_flush_replays_the_same_launches_from_a_graph():
         torch.cuda.synchronize()
         assert int(flush._written.max()) == 0 and float(flush._sink) == flush._read.numel()
     assert flush._graph is not None
+

@@ -389,3 +389,13 @@ def test_validate_resolves_safetensors_next_to_the_workload_file(root):
     path = edit_workloads(root, DECODE, edit)
     results = {c.path: c for c in validate(Repo(root), [root / "definitions" / "mla_paged"])}
     assert results[path].ok, results[path].error
+
+
+def test_a_calls_window_starts_follow_the_batch_and_its_own_seed():
+    from flashbench.workloads import window_starts
+    spans = {"ckv_cache": 10**6, "q_nope": 0}
+    first = window_starts(123, [456, 789], spans)
+    assert first == window_starts(123, [456, 789], spans)  # the worker's and the judge's alike
+    assert first["q_nope"] == [0, 0] and all(0 <= start <= 10**6 for start in first["ckv_cache"])
+    assert window_starts(123, [457, 789], spans)["ckv_cache"][0] != first["ckv_cache"][0]
+    assert window_starts(124, [456, 789], spans)["ckv_cache"] != first["ckv_cache"]

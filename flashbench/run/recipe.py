@@ -22,7 +22,8 @@ from typing import Callable
 import torch
 
 from ..model import Definition, Workload
-from ..workloads import GeneratedData, data_window_copies, draw_data_windows, draw_windows, redrawn_data, window_copies
+from ..workloads import (GeneratedData, data_window_copies, data_window_spans, draw_data_windows, draw_windows, redrawn_data,
+                         window_copies, window_spans, window_starts)
 from .protocol import Batch, Call
 
 FLUSH_BYTES = 256 << 20  # over 4x the H200's 60 MB L2
@@ -133,62 +134,52 @@ class CallClock:
 
 
 @dataclass
-class _CallWrites:
-    """One call's redraw, worked out before its batch issues a call: the host work left per call is
-    one multi-tensor copy (and an indexed copy per input whose data rows are scattered)."""
-
-    targets: list[torch.Tensor]
-    sources: list[torch.Tensor]
-    indexed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # (table, rows, window)
-
-    def apply(self) -> None:
-        if self.targets:
-            torch._foreach_copy_(self.targets, self.sources)
-        for table, rows, window in self.indexed:
-            table.index_copy_(0, rows, window)
-
-
-@dataclass
 class InputSets:
     """The tensor inputs of each set and how a batch redraws part of their data: one draw of fresh
-    data per input for the whole batch (from the batch's seed), then per call a window of it
-    written at an offset drawn from the call's seed. `random_names` are the random inputs; the
-    generated inputs that carry data (`data`) are found from the workload here, so that whoever
-    builds an InputSets (the worker, the judge's replay, the judge's baseline) redraws them alike."""
+    data per input for the whole batch, and of where each call's windows go (from the batch's seed and
+    its calls' seeds), then per call its window of that data written in place: one multi-tensor copy
+    (and an indexed copy per input whose data rows are scattered). `random_names` are the random
+    inputs; the generated inputs that carry data (`data`) are found from the workload here, so that
+    whoever builds an InputSets (the worker, the judge's replay, the judge's baseline) redraws them alike."""
 
     definition: Definition
     workload: Workload
     sets: list[dict[str, torch.Tensor]]
     random_names: list[str]
     data: dict[str, GeneratedData] = field(init=False)
-    writes: list[_CallWrites | None] = field(default_factory=list, init=False)  # the batch's, per call
+    _calls: list[Call] = field(default_factory=list, init=False)  # the batch drawn last, and its draws
+    _fresh: dict = field(default_factory=dict, init=False)
+    _fresh_data: dict = field(default_factory=dict, init=False)
+    _starts: dict = field(default_factory=dict, init=False)
 
     def __post_init__(self):
         self.data = redrawn_data(self.definition, self.workload, self.sets[0])
 
     def draw(self, seed: int, calls: list[Call]) -> None:
-        """The batch's fresh data, and where each call with a seed writes its windows of it."""
-        fresh = draw_windows(self.definition, self.workload, self.sets[0], self.random_names, seed, len(calls))
-        fresh_data = draw_data_windows(self.workload, self.sets[0], self.data, seed, len(calls))
-        self.writes = [None if call.seed is None else self._writes(call, k, fresh, fresh_data)
-                       for k, call in enumerate(calls)]
-
-    def _writes(self, call: Call, k: int, fresh: dict, fresh_data: dict) -> _CallWrites:
-        inputs = self.sets[call.set]
-        plain = window_copies(self.workload, inputs, fresh, k, call.seed)
-        indexed = []
-        for table, rows, window in data_window_copies(self.workload, inputs, self.data, fresh_data, k, call.seed):
-            if rows is None:
-                plain.append((table, window))
-            else:
-                indexed.append((table, rows, window))
-        return _CallWrites([target for target, _ in plain], [source for _, source in plain], indexed)
+        like = self.sets[0]
+        self._calls = calls
+        self._fresh = draw_windows(self.definition, self.workload, like, self.random_names, seed, len(calls))
+        self._fresh_data = draw_data_windows(self.workload, like, self.data, seed, len(calls))
+        spans = {**window_spans(like, self.random_names), **data_window_spans(like, self.data)}
+        self._starts = window_starts(seed, [call.seed or 0 for call in calls], spans)
 
     def redraw(self, k: int) -> None:
         """Call `k` of the batch drawn last: its windows written into its set (nothing without a seed)."""
-        writes = self.writes[k]
-        if writes is not None:
-            writes.apply()
+        call = self._calls[k]
+        if call.seed is None:
+            return
+        inputs = self.sets[call.set]
+        copies = window_copies(inputs, self._fresh, k, self._starts)
+        indexed = []
+        for table, rows, window in data_window_copies(inputs, self.data, self._fresh_data, k, self._starts):
+            if rows is None:
+                copies.append((table, window))
+            else:
+                indexed.append((table, rows, window))
+        if copies:
+            torch._foreach_copy_([target for target, _ in copies], [source for _, source in copies])
+        for table, rows, window in indexed:
+            table.index_copy_(0, rows, window)
 
     @property
     def redrawn_names(self) -> list[str]:

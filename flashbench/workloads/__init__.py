@@ -25,8 +25,8 @@ from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 from .generators import DATA_OUTPUTS, GENERATORS, GeneratedData, sample_lengths
 from .tensors import DEFAULT_RANDOM, random_tensor, safetensors_tensor, scalar_value
 
-__all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "draw_windows", "window_copies",
-           "generated_data", "redrawn_data", "draw_data_windows", "data_window_copies", "unredrawn_data_inputs",
+__all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "draw_windows", "window_copies", "window_spans", "window_starts",
+           "generated_data", "redrawn_data", "draw_data_windows", "data_window_copies", "data_window_spans", "unredrawn_data_inputs",
            "sample_lengths", "structured_inputs"]
 
 
@@ -105,15 +105,28 @@ def draw_windows(definition: Definition, workload: Workload, like: dict[str, Any
     return fresh
 
 
-def window_copies(workload: Workload, inputs: dict[str, Any], fresh: dict[str, Any], k: int,
-                  seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(target, source) for each input of `fresh`: where in the input window `k` of its data goes, at an
-    offset drawn from `seed`. Copying every source into its target is the call's redraw."""
+def window_spans(like: dict[str, Any], names: list[str]) -> dict[str, int]:
+    """The last offset a window of each named random input can start at."""
+    return {name: like[name].numel() - window_elements(like[name]) for name in names}
+
+
+def window_starts(seed: int, call_seeds: list[int], spans: dict[str, int]) -> dict[str, list[int]]:
+    """Where each call's window of each input starts (0 to its span), drawn for a whole batch at once from
+    the batch's seed and its calls' seeds: the host's work left per call is the copies themselves, issued
+    while the device still runs the calls before it."""
+    rng = np.random.default_rng([seed, *call_seeds])
+    return {name: rng.integers(0, span + 1, size=len(call_seeds)).tolist() for name, span in spans.items()}
+
+
+def window_copies(inputs: dict[str, Any], fresh: dict[str, Any], k: int,
+                  starts: dict[str, list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(target, source) for each input of `fresh`: where in the input window `k` of its data goes (at
+    starts[name][k]). Copying every source into its target is the call's redraw."""
     copies = []
     for name, data in fresh.items():
         flat = inputs[name].view(-1)
         count = window_elements(flat)
-        start = derive_seed(seed, workload.uuid, name, "window") % (flat.numel() - count + 1)
+        start = starts[name][k]
         copies.append((flat[start:start + count], data[k * count:(k + 1) * count]))
     return copies
 
@@ -193,17 +206,28 @@ def draw_data_windows(workload: Workload, like: dict[str, Any], data: dict[str, 
     return fresh
 
 
-def data_window_copies(workload: Workload, inputs: dict[str, Any], data: dict[str, GeneratedData],
-                       fresh: dict[str, Any], k: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+def data_window_spans(like: dict[str, Any], data: dict[str, GeneratedData]) -> dict[str, int]:
+    """The last data row a window of each generated data input can start at (inputs with no data rows left out,
+    as draw_data_windows leaves them)."""
+    spans = {}
+    for name, spec in data.items():
+        rows, count = data_window(spec, like[name])
+        if rows:
+            spans[name] = rows - count
+    return spans
+
+
+def data_window_copies(inputs: dict[str, Any], data: dict[str, GeneratedData], fresh: dict[str, Any], k: int,
+                       starts: dict[str, list[int]]) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
     """(table, rows, window) for each generated data input of `fresh`: window `k` of its fresh rows goes
-    to rows start.. of its data rows, start drawn from `seed`. `rows` is None where every row carries
-    data: the window is then a slice of `table`, and the table the slice."""
+    to its data rows from starts[name][k] on. `rows` is None where every row carries data: the window is
+    then a slice of `table`, and the table the slice."""
     copies = []
     for name, fresh_rows in fresh.items():
         spec = data[name]
         table = inputs[name].view(-1, spec.width)
-        total, count = data_window(spec, inputs[name])
-        start = derive_seed(seed, workload.uuid, name, "window") % (total - count + 1)
+        _, count = data_window(spec, inputs[name])
+        start = starts[name][k]
         window = fresh_rows[k * count:(k + 1) * count]
         if spec.rows is None:
             copies.append((table[start:start + count], None, window))

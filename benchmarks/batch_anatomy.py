@@ -71,5 +71,5 @@ for sol in sys.argv[1].split(","):
                 med = lambda xs, key: statistics.median(x[key] for x in xs) * 1e3
                 print(f"{sol:15s} {wname:12s} lead {lead:7d} gap {gap:.1f}: wall {med(rs,'wall'):7.1f} issue {med(rs,'issue'):7.1f} "
                       f"span {med(rs,'span'):7.1f} call-ev {med(rs,'call'):6.1f} | base wall {med(bs,'wall'):7.1f} issue {med(bs,'issue'):7.1f} "
-                      f"span {med(bs,'span'):7.1f} | judge {med(rs,'wall')-med(bs,'wall'):7.1f} draw {med(rs,'draw'):.2f}ms"
+                      f"span {med(bs,'span'):7.1f} | judge {med(rs,'wall')-med(bs,'wall'):7.1f} draw {med(rs,'draw'):.0f}us"
                       f" spread {min(r['wall'] for r in rs)*1e3:.1f}-{max(r['wall'] for r in rs)*1e3:.1f}", flush=True)

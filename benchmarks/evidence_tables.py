@@ -68,7 +68,7 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from flashbench.errors import FlashbenchError  # noqa: E402
 from flashbench.leaderboard.board import BASELINE_TAG, is_timed  # noqa: E402
-from flashbench.leaderboard.results import current_results, traces_frame, with_speed_of_light  # noqa: E402
+from flashbench.leaderboard.results import current_results, solution_hashes, traces_frame, with_speed_of_light  # noqa: E402
 from flashbench.model import REFERENCE, Calibration, Status, Trace, Workload, load_model  # noqa: E402
 from flashbench.registry import Repo  # noqa: E402
 from flashbench.traces import TIMING_METHODS, read_traces, trace_path  # noqa: E402
@@ -231,8 +231,19 @@ def is_ours(trace: Trace) -> bool:
     return trace.solution not in (*PEERS, REFERENCE) and BASELINE_TAG not in trace.solution_tags
 
 
-def peers_table(traces: list[Trace], workloads: list[Workload], calibration: Calibration) -> str:
+def peers_table(traces: list[Trace], workloads: list[Workload], calibration: Calibration,
+                hashes: dict[str, str] | None = None) -> str:
+    """`hashes`: each solution folder's content hash now; a cell measured on other content says `(stale)`."""
     latest = current(traces)
+
+    def cell(found: tuple[str, float] | None) -> str:
+        if not found:
+            return NONE
+        trace = latest[found[0], workload.uuid]
+        now = (hashes or {}).get(trace.solution)
+        stale = " (stale)" if now is not None and now != trace.solution_hash else ""
+        return f"{found[0]}{stale}, {found[1]:.1f}"
+
     rows, speeds = [], []
     for workload in timed(workloads, latest):
         peer = fastest(latest, workload.uuid, is_peer)
@@ -244,7 +255,7 @@ def peers_table(traces: list[Trace], workloads: list[Workload], calibration: Cal
         if peer and ours:
             speeds.append(peer[1] / ours[1])
             speed = f"{speeds[-1]:.2f}x"
-        rows.append([workload.label, *(f"{s[0]}, {s[1]:.1f}" if s else NONE for s in (peer, ours)), speed, floor])
+        rows.append([workload.label, cell(peer), cell(ours), speed, floor])
     table = markdown(["workload", "best peer (solution, µs)", "ours, best (solution, µs)",
                       "ours / peer speed (peer µs ÷ ours)", "ours % of floor"], rows)
     if not speeds:
@@ -395,7 +406,8 @@ def build_peers(trace_file):
     traces = read(path)
     calibration_file = path.parent / "calibration.json"
     calibration = load_model(Calibration, need(calibration_file))
-    table = peers_table(traces, workloads_of(definition_of(traces, path)), calibration)
+    definition = definition_of(traces, path)
+    table = peers_table(traces, workloads_of(definition), calibration, solution_hashes(repo(), definition))
     return table, [f"`{rel(path)}`", f"`{rel(calibration_file)}` (floor)"], devices(traces)
 
 

@@ -63,6 +63,13 @@ def test_peers_best_peer_against_our_best_with_share_of_floor_and_geomean():
     assert last_line(et.peers_table(traces[-2:], WORKLOADS, CALIBRATION)) == "No workload has both a peer's and our result."
 
 
+def test_peers_cells_measured_on_other_content_than_the_folder_holds_now_say_stale():
+    traces = [make_trace("flashmla", SMALL, 1.5), make_trace("triton", SMALL, 1.0)]
+    hashes = {"flashmla": "flashmla-hash", "triton": "edited since"}
+    assert rows(et.peers_table(traces, WORKLOADS, CALIBRATION, hashes))[0][1:3] == \
+        ["flashmla, 1500.0", "triton (stale), 1000.0"]
+
+
 def test_events_graph_cells_are_events_slash_graph_for_the_chosen_solutions():
     events = [make_trace("x", SMALL, 1.0), make_trace("y", SMALL, 2.0), make_trace("x", LARGE, status="REJECTED"),
               make_trace("x", SMOKE, 0.1), make_trace("z", HUGE, 9.0)]

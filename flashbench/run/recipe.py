@@ -28,9 +28,10 @@ from .protocol import Batch, Call
 
 FLUSH_BYTES = 256 << 20  # over 4x the H200's 60 MB L2
 # The read is done this many times over. One pass would do for the L2; the others keep the device busy
-# for longer than the host takes to issue a call with its harness steps (on the H200 the steps alone
-# took 120-220 µs of host time per call, the flush's first two passes about 190 µs of device time), so
-# the device, never the host, bounds a batch: then the judge's clock and CUDA events see only the call.
+# for longer than the host takes to issue a call with its harness steps (on the H200 the steps took
+# 120-220 µs of host time per call in an earlier form, 90-150 µs now, against about 325 µs of device
+# time: docs/measurement.md, "v9"), so the device, never the host, bounds a batch: then the judge's
+# clock and CUDA events see only the call.
 READ_PASSES = 3
 # Changing what a flush does changes every timing: the version is recorded with each trace.
 FLUSH_METHODS = {
@@ -51,7 +52,7 @@ def flush_label(method: str) -> str:
 class L2Flush:
     """Puts the L2 cache in one defined state before every call (runs use "none" on a CPU). On a GPU
     the flush's launches are captured once in a CUDA graph and replayed: the same kernels on the
-    device, a quarter of the host's time to issue them (see READ_PASSES)."""
+    device, one launch for the host to issue (see READ_PASSES)."""
 
     def __init__(self, method: str, device: str, nbytes: int = FLUSH_BYTES):
         if method not in FLUSH_METHODS:

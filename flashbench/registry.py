@@ -154,6 +154,17 @@ def _shared_folder_files(folder: Path, shared_root: Path, manifest: Path) -> lis
     return [relative for relative, _, _ in walked]
 
 
+def case_twin(folder: Path) -> str | None:
+    """The name of an entry beside `folder` that differs from its name only in case, if any: on a
+    case-insensitive file system (macOS, Windows) the two are one folder, so a folder put there replaces
+    that one, and a clone made there of a repository holding both loses one."""
+    if not folder.parent.is_dir():
+        return None
+    name = folder.name.lower()  # names are ASCII (model.definition.FOLDER_NAME)
+    return next((entry.name for entry in folder.parent.iterdir() if entry.name != folder.name
+                 and entry.name.lower() == name), None)
+
+
 class Repo:
     """A flashbench repository on disk. Loads lazily; every error names its file."""
 

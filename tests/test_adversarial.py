@@ -185,6 +185,9 @@ def adversarial_run(request) -> Outcome:
     outcome.evidence.parent.mkdir()
     repo_root = copy_repo(tmp / "repo")
     repo = Repo(repo_root)
+    planted = repo_root / "solutions" / DEFINITION / "another_solution" / "kernel.py"  # what reads_hidden_files
+    planted.parent.mkdir(parents=True)  # looks for (without a manifest, no solution the repository lists)
+    planted.write_text("# another solution's code\n")
     chosen = groups()
     copies, runners = {}, {}
     for group in chosen:  # "unsandboxed" runs the entries of "files": a copy of its own, aimed at its own files
@@ -202,7 +205,8 @@ def adversarial_run(request) -> Outcome:
         write_targets(copies[group], names, {
             "trace_file": str(runners[group].trace_file), "trace_dir": str(trace_dir),
             "evidence_file": str(outcome.evidence), "reference_cache": str(tmp / group / "reference-cache"),
-            "edit_files": edit_files,
+            "edit_files": edit_files, "solutions_dir": str(copies[group]),
+            "repo_solutions": str(repo_root / "solutions"), "cache_dir": str(outcome.cache),
         })
 
     secret = secrets.token_hex(8)

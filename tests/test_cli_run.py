@@ -124,6 +124,24 @@ def test_submit_under_the_name_of_a_repository_solution_with_other_code_exits_2_
     assert not (tmp_path / "traces").exists()
 
 
+def test_submit_of_a_name_differing_from_a_repository_solutions_only_in_case_exits_2_before_running(fresh_repo,
+                                                                                                     tmp_path):
+    """On a case-insensitive file system the two names are one folder: submitting Torch_vectorized would have
+    replaced torch_vectorized (the same code too: the name is what is refused)."""
+    repository = Path(__file__).resolve().parents[1]
+    original = fresh_repo / "solutions" / DEFINITION / "torch_vectorized"
+    shutil.copytree(repository / "solutions" / DEFINITION / "torch_vectorized", original)
+    twin = tmp_path / "Torch_vectorized"
+    shutil.copytree(original, twin)
+    manifest = yaml.safe_load((twin / "solution.yaml").read_text())
+    (twin / "solution.yaml").write_text(yaml.safe_dump({**manifest, "name": "Torch_vectorized"}))
+    result = invoke(fresh_repo, "submit", str(twin), "--trace-dir", str(tmp_path / "traces"), *FAST)
+    assert result.exit_code == 2, result.output
+    assert "'Torch_vectorized' differs from 'torch_vectorized'" in result.output and "only in case" in result.output
+    assert "results" not in result.output and not (tmp_path / "traces").exists()
+    assert [p.name for p in original.parent.iterdir()] == ["torch_vectorized"]
+
+
 def test_submit_of_an_invalid_folder_exits_2_before_running(module_repo):
     result = invoke(module_repo, "submit", str(FIXTURES / "bad_entry"), *FAST)
     assert result.exit_code == 2, result.output

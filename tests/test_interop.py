@@ -437,6 +437,24 @@ def test_a_dataset_cannot_replace_a_folder_by_naming_its_author(tmp_path):
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
 
 
+def test_a_dataset_cannot_add_a_folder_named_like_one_here_but_for_case(tmp_path):
+    """On a case-insensitive file system Py_loop is the folder py_loop: it is neither imported beside it nor
+    over it, and two records of one dataset whose names differ only in case give one folder."""
+    dataset = make_dataset(tmp_path / "fib")
+    repo = empty_repo(tmp_path / "repo")
+    import_fib(dataset, repo, "fib")
+    source = dataset / "solutions/alice/mla_paged" / DEF / "py_loop.json"
+    record = json.loads(source.read_text())
+    for name in ("Py_loop", "PY_LOOP_V2", "py_loop_v2"):
+        (source.parent / f"{name}.json").write_text(json.dumps(record | {"name": name}))
+    summary = import_fib(dataset, repo, "again")
+    skipped = rows(summary, DEF, "solution", "skipped")
+    assert any("Py_loop differs from" in why and "only in case" in why for why in skipped)
+    assert any("(case aside) was already imported" in why for why in skipped)
+    lowered = [p.name.lower() for p in (repo / "solutions" / DEF).iterdir()]
+    assert "py_loop_v2" in lowered and len(lowered) == len(set(lowered))  # one of the two, and no two alike
+
+
 def test_a_dataset_trace_cannot_stand_for_the_reference(tmp_path):
     """On a board the reference is every speedup's denominator: only an export's side file may give it."""
     dataset = make_dataset(tmp_path / "fib")

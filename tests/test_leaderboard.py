@@ -33,7 +33,12 @@ EXAMPLE = [
 ]
 
 
+# The repository's folders as they are now: base and base2 hold the content that ran.
+IN_REPOSITORY = {"base": "base-hash", "base2": "base2-hash"}
+
+
 def board_of(traces, **kwargs):
+    kwargs.setdefault("current_hashes", IN_REPOSITORY)
     boards = build_boards(traces_frame(traces), calibrations={"gpu_x": CALIBRATION}, **kwargs)
     assert len(boards) == 1
     return boards[0]
@@ -130,6 +135,22 @@ def test_reference_is_the_baseline_when_none_is_tagged_or_one_is_named():
         board_of(EXAMPLE, baseline="nope")
 
 
+def test_only_the_repository_grants_the_baseline_role():
+    """A manifest tags itself: a solution tagged baseline whose results are not of the repository's folder of
+    its name as it is now (a folder run from elsewhere, another content) is passed over, and said to be;
+    --baseline may still name it."""
+    outsider = board_of(EXAMPLE, current_hashes={"base2": "base2-hash"})  # base: no folder in the repository
+    assert outsider.baseline == "base2"
+    assert outsider.notes[0] == ("baseline: base2 (the fastest solution tagged 'baseline'; tagged 'baseline' but not "
+                                 "the content of the repository's folder of that name: base)")
+    changed = board_of(EXAMPLE, current_hashes={"base": "other", "base2": "other"})
+    assert changed.baseline == "reference" and changed.notes[0].startswith(
+        "baseline: reference (no repository solution tagged 'baseline' passed a workload; ")
+    assert changed.notes[0].endswith(": base, base2)")
+    assert build_boards(traces_frame(EXAMPLE))[0].baseline == "reference"  # no repository known: none granted
+    assert board_of(EXAMPLE, current_hashes={}, baseline="base").baseline == "base"  # as asked
+
+
 def test_smoke_workloads_count_in_passed_but_their_latencies_do_not():
     workloads = [Workload(uuid=w, name=w[:2], tags=["smoke"] if w == W3 else []) for w in (W1, W2, W3, W4)]
     fast = row(board_of(EXAMPLE, workloads=workloads), "fast")
@@ -215,12 +236,13 @@ def test_cli_table_shows_one_board_per_hardware(recorded):
     result = invoke("leaderboard", "--def", "mla_paged_decode", "--trace-dir", str(recorded))
     assert result.exit_code == 0, result.output
     assert "GPU X (gpu_x)" in result.output and "GPU Y (gpu_y)" in result.output
-    assert "baseline: base (the fastest solution tagged 'baseline')" in result.output
+    # The traces' base is no folder of the repository: its tag does not make it the baseline.
+    assert "baseline: reference (no repository solution tagged 'baseline' passed a workload;" in result.output
 
 
 def test_cli_json_and_csv(recorded, tmp_path):
     result = invoke("leaderboard", "--def", "mla_paged_decode", "--trace-dir", str(recorded), "--hardware", "gpu_x",
-                    "--format", "json")
+                    "--format", "json", "--baseline", "base")
     assert result.exit_code == 0, result.output
     [board] = json.loads(result.output)
     fast = next(r for r in board["ranking"] if r["solution"] == "fast")
@@ -236,7 +258,7 @@ def test_cli_json_and_csv(recorded, tmp_path):
 def test_cli_include_smoke_counts_the_smoke_latencies(recorded):
     def fast(*extra):
         result = invoke("leaderboard", "--def", "mla_paged_decode", "--trace-dir", str(recorded), "--hardware", "gpu_x",
-                        "--format", "json", *extra)
+                        "--format", "json", "--baseline", "base", *extra)
         assert result.exit_code == 0, result.output
         [board] = json.loads(result.output)
         return next(r for r in board["ranking"] if r["solution"] == "fast"), board["notes"]

@@ -124,3 +124,33 @@ def test_a_folder_run_from_elsewhere_may_not_take_the_name_of_one_in_the_reposit
     assert refused.value.field == "name" and "is taken by" in refused.value.message
     (own,) = select_solutions(repo, DEFINITION, [str(REPO / "solutions" / DEFINITION / "torch_vectorized")])
     assert own.solution.name == "torch_vectorized"  # the repository's own folder, by path, is itself
+
+
+def test_a_name_differing_from_a_repository_solutions_only_in_case_is_refused(tmp_path):
+    """On a case-insensitive file system Torch_vectorized and torch_vectorized are one folder: selecting a folder
+    named so from elsewhere, or installing one (or a shared folder) beside the other, is refused with one line;
+    nothing is copied."""
+    repo = Repo(REPO)
+    twin = tmp_path / "twin"
+    shutil.copytree(REPO / "solutions" / DEFINITION / "torch_vectorized", twin)
+    (twin / "solution.yaml").write_text((twin / "solution.yaml").read_text().replace("name: torch_vectorized",
+                                                                                    "name: Torch_vectorized"))
+    with pytest.raises(FlashbenchError) as refused:
+        select_solutions(repo, DEFINITION, [str(twin)])
+    assert refused.value.field == "name" and "\n" not in str(refused.value)
+    assert refused.value.message.startswith("the name 'Torch_vectorized' differs from 'torch_vectorized' (")
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "definitions" / "mla_paged", root / "definitions" / "mla_paged")
+    installed = install_solution(Repo(root), solution_folder(tmp_path / "mine", "mine"))
+    with pytest.raises(FlashbenchError, match="'Mine' differs from 'mine' in .* only in case") as refused:
+        install_solution(Repo(root), solution_folder(tmp_path / "Mine", "Mine"))
+    assert refused.value.field == "name" and [p.name for p in installed.parent.iterdir()] == ["mine"]
+    source = tmp_path / "source" / "solutions"  # correct_dps with its shared folder, decode_support
+    shutil.copytree(CORRECT, source / DEFINITION / "correct_dps")
+    shutil.copytree(CORRECT.parent.parent / "_shared", source / "_shared")
+    shutil.copytree(source / "_shared" / "decode_support", root / "solutions" / "_shared" / "Decode_support")
+    with pytest.raises(FlashbenchError, match="'decode_support' differs from 'Decode_support' in .* only in case"):
+        install_solution(Repo(root), source / DEFINITION / "correct_dps")
+    assert [p.name for p in (root / "solutions" / DEFINITION).iterdir()] == ["mine"]
+    assert [p.name for p in (root / "solutions" / "_shared").iterdir()] == ["Decode_support"]
+

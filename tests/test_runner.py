@@ -315,6 +315,23 @@ def test_the_reference_is_a_candidate_of_its_own_keyed_by_its_source(repo, tmp_p
     assert runner.candidates([])[0].hash == reference.hash and solution.solution.name == "correct_dps"
 
 
+
+def test_a_worker_is_hidden_the_solutions_its_sources_the_traces_the_cache_and_the_home(repo, tmp_path,
+                                                                                         monkeypatch):
+    """What the judge gives the sandbox to hide: its staged copy is the only one of a solution its worker
+    sees (tests/test_sandbox.py shows hidden folders empty; reads_hidden_files in tests/test_adversarial.py
+    tries them through a run). A home that is the root is not hidden."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    runner = Runner(repo, DEFINITION, RunOptions(trace_dir=tmp_path, cache_dir=tmp_path / "cache"))
+    reference, solution = runner.candidates(select_solutions(repo, DEFINITION, [str(FIXTURES / "correct_dps")]))
+    config = judge_for(repo, tmp_path).config
+    fixed = (tmp_path, tmp_path / "cache", tmp_path / "home")
+    assert config.hidden_from(solution) == (repo.root / "solutions", FIXTURES / "correct_dps",
+                                            FIXTURES.parent / "_shared" / "decode_support", *fixed)
+    assert config.hidden_from(reference) == (repo.root / "solutions", *fixed)
+    monkeypatch.setenv("HOME", "/")
+    assert config.hidden_from(reference) == (repo.root / "solutions", *fixed[:2])
+
 # Resume after the runner was killed outright.
 
 def cli_command(repo_root, trace_dir, *arguments):

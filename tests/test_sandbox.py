@@ -83,6 +83,29 @@ PROBE = textwrap.dedent(r'''
         }
 
 
+    def text(path):
+        """A file's text, or the errno name of why it could not be read."""
+        found = []
+        failed = outcome(lambda: found.append(open(path).read()))
+        return found[0] if found else failed
+
+
+    def listing(path):
+        found = []
+        failed = outcome(lambda: found.append(sorted(os.listdir(path))))
+        return found[0] if found else failed
+
+
+    def hidden(hidden_dir, needed_dir, writable_dir):
+        """What shows of a hidden folder (from its path, and relative to the working directory, which the test
+        put inside it), of the folders bound back inside it and of one hidden again inside those."""
+        return {"listing": listing(hidden_dir), "secret": text(os.path.join(hidden_dir, "secret")),
+                "relative": text("secret"), "parent": listing(".."), "needed": text(os.path.join(needed_dir, "file")),
+                "hidden_again": listing(os.path.join(needed_dir, "inner")),
+                "write_cover": outcome(lambda: write(os.path.join(hidden_dir, "forged"))),
+                "writable": outcome(lambda: write(os.path.join(writable_dir, "output")))}
+
+
     def pids():
         return {"pid": os.getpid(), "ppid": os.getppid(),
                 "proc": sorted(int(name) for name in os.listdir("/proc") if name.isdigit())}
@@ -282,6 +305,32 @@ def test_only_the_writable_folders_can_be_written_and_mounts_are_locked(probe_di
     assert not root_file.exists()
 
 
+def test_hidden_folders_show_only_what_is_bound_back_in_them(probe_dir, isolation, host_dir, monkeypatch):
+    """A hidden folder (another solution's, the trace directory) is an empty read-only tmpfs inside, but for
+    the folders the worker needs from under it; one hidden inside those stays hidden; a working directory
+    inside it leads nowhere. At level process nothing is hidden."""
+    hidden, needed, writable = host_dir / "hidden", host_dir / "hidden" / "needed", host_dir / "hidden" / "writable"
+    (needed / "inner").mkdir(parents=True)
+    writable.mkdir()
+    for secret in (hidden / "secret", needed / "inner" / "secret"):
+        secret.write_text("secret")
+    (needed / "file").write_text("needed")
+    spec = sandbox.SandboxSpec(writable=(str(writable),), readable=(str(needed),),
+                               hidden=(str(hidden), str(needed / "inner")))
+    monkeypatch.chdir(hidden)
+
+    found = run_probe(probe_dir, isolation, spec, "hidden", hidden, needed, writable)
+
+    assert (found["needed"], found["writable"]) == ("needed", "ok")
+    if isolation == "namespaces":
+        assert found["listing"] == ["needed", "writable"]  # the mount points of what is bound back
+        assert (found["secret"], found["relative"], found["hidden_again"]) == ("ENOENT", "ENOENT", [])
+        assert found["parent"] == sorted(os.listdir(host_dir)) and found["write_cover"] == "EROFS"
+        assert sorted(os.listdir(hidden)) == ["needed", "secret", "writable"]
+    else:
+        assert (found["secret"], found["relative"], found["hidden_again"]) == ("secret", "secret", ["secret"])
+
+
 def test_the_runner_is_not_in_the_sandbox_proc(probe_dir, namespaces):
     found = run_probe(probe_dir, namespaces, sandbox.SandboxSpec(), "pids")
 
@@ -328,23 +377,28 @@ def test_a_folder_that_cannot_be_bound_fails_the_start_with_one_line(probe_dir, 
 
 
 def test_the_remount_fallback_makes_the_same_tree(probe_dir, namespaces, host_dir, tmp_path, stray):
-    """Kernels before 5.12 lack mount_setattr: each mount point is then remounted read-only."""
-    readable, writable = tmp_path / "readable", host_dir / "writable"
-    readable.mkdir()
-    writable.mkdir()
-    spec = sandbox.SandboxSpec(writable=(str(writable),), readable=(str(readable),))
+    """Kernels before 5.12 lack mount_setattr: each mount point is then remounted read-only, the covers of
+    hidden folders included."""
+    readable, writable, hidden = tmp_path / "readable", host_dir / "writable", host_dir / "hidden"
+    for folder in (readable, writable, hidden):
+        folder.mkdir()
+    (hidden / "secret").write_text("secret")
+    spec = sandbox.SandboxSpec(writable=(str(writable),), readable=(str(readable),), hidden=(str(hidden),))
     boot = textwrap.dedent("""
-        import importlib.util, json, sys
+        import importlib.util, json, os, sys
         spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
         sandbox = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(sandbox)
         sandbox._mount_setattr = lambda *args, **kwargs: False
         sandbox.enter(sandbox.SandboxSpec.from_json(sys.argv[2]), "namespaces")
         import sandbox_probe
-        print(json.dumps(sandbox_probe.files(*sys.argv[3:])))
+        hidden = sys.argv[7]
+        write = lambda: sandbox_probe.write(os.path.join(hidden, "x"))
+        print(json.dumps({**sandbox_probe.files(*sys.argv[3:7]), "hidden": sandbox_probe.listing(hidden),
+                          "hidden_write": sandbox_probe.outcome(write)}))
     """)
     argv = [*sandbox.UNSHARE, "--", sys.executable, "-c", boot, sandbox.__file__, spec.to_json(),
-            str(host_dir), str(readable), str(writable), str(stray("/"))]
+            str(host_dir), str(readable), str(writable), str(stray("/")), str(hidden)]
     done = subprocess.run(argv, env=environment(probe_dir), capture_output=True, text=True, timeout=LIFETIME_S)
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
@@ -352,6 +406,7 @@ def test_the_remount_fallback_makes_the_same_tree(probe_dir, namespaces, host_di
     assert (found["host_dir"], found["root"], found["readable"], found["sysctl"]) == ("EROFS",) * 4
     assert (found["writable"], found["dev_null"]) == ("ok", "ok")
     assert found["direct"] == {"remount": "EPERM", "umount": "EPERM", "umount_sys": "EPERM", "sysctl": "EROFS"}
+    assert (found["hidden"], found["hidden_write"]) == ([], "EROFS")
 
 
 # Both levels.
@@ -453,7 +508,8 @@ def test_namespaces_asked_for_where_unshare_fails(monkeypatch):
 
 
 def test_the_spec_crosses_the_command_line_unchanged():
-    spec = sandbox.SandboxSpec(writable=("/a", "/b"), readable=("/c",), memory_limit_bytes=1 << 33, tmpfs_bytes=1 << 20)
+    spec = sandbox.SandboxSpec(writable=("/a", "/b"), readable=("/c",), hidden=("/d",), memory_limit_bytes=1 << 33,
+                               tmpfs_bytes=1 << 20)
     assert sandbox.SandboxSpec.from_json(spec.to_json()) == spec
     command = sandbox.worker_command("namespaces", spec, "flashbench.run.worker", ["3", "4"])
     assert command[:command.index("--")] == sandbox.UNSHARE

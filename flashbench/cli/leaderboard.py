@@ -47,7 +47,8 @@ def write_text(text: str, out: Path | None) -> None:
 @main.command()
 @trace_options
 @click.option("--baseline", default=None, help="Solution the others are measured against "
-              "(default: the fastest tagged 'baseline', else the reference).")
+              "(default: the fastest repository solution tagged 'baseline', as its folder holds it now; else the "
+              "reference).")
 @click.option("--by-workload", is_flag=True, help="Per workload: best solution and every solution's latency.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write here instead of stdout.")

@@ -33,7 +33,7 @@ from ..model import (REFERENCE, Definition, OutputError, Performance, Trace, Wor
 from ..model.definition import INTEGER_DTYPES
 from ..model.solution import SHARED_FOLDER
 from ..reference import load_reference
-from ..registry import WORKLOADS_SUFFIX, Repo, load_solution_folder
+from ..registry import WORKLOADS_SUFFIX, Repo, case_twin, load_solution_folder
 from ..traces import hardware_slug, trace_file_name
 from ..workloads import generate_inputs
 from . import fib_model as fib
@@ -339,10 +339,11 @@ class DefinitionImport:
         except ValueError as exc:
             self.add("solution", "skipped", f"{path}: solution {record.name} not imported: {exc}")
             return unimported
-        if plan.name in taken:
-            self.add("solution", "skipped", f"{path}: a solution named {plan.name} was already imported; skipped")
+        if plan.name.lower() in taken:  # in any case: one folder on a case-insensitive file system
+            self.add("solution", "skipped",
+                     f"{path}: a solution named {plan.name} (case aside) was already imported; skipped")
             return unimported
-        taken.add(plan.name)
+        taken.add(plan.name.lower())
         shared, conflict = self.stage_shared(plan)
         if conflict:
             for folder in shared:
@@ -352,6 +353,11 @@ class DefinitionImport:
                               "not its traces' any more")
         relative = Path("solutions", self.name, plan.name)
         existing = self.root / relative
+        twin = case_twin(existing)
+        if twin is not None:  # on a case-insensitive file system it is `existing`, holding other files
+            self.add("solution", "skipped", f"{path}: {plan.name} differs from {existing.parent / twin} only in "
+                                            "case; not imported (one folder on a case-insensitive file system)")
+            return unimported
         if existing.exists():
             # Never replaced: an author is a name anyone can write into a dataset, so it proves no right to
             # a folder here (a dataset naming the repository's own author replaced its solutions).

@@ -38,7 +38,10 @@ Figures per solution
 
 Baseline
     `baseline=` names it; otherwise the fastest non-reference solution tagged `baseline` (most
-    workloads passed, then the highest geomean speedup over the reference); otherwise the reference.
+    workloads passed, then the highest geomean speedup over the reference) whose results are of
+    the repository's folder of its name as it holds it now (same content hash, `current_hashes`):
+    a manifest tags itself, so only the repository grants the role, and a folder run from
+    elsewhere tagged so is passed over (the board's note says so); otherwise the reference.
 
 Ranking
     The reference is the denominator, not a competitor: listed first, without a rank. The others

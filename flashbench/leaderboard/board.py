@@ -146,14 +146,22 @@ def choose_baseline(latency: pd.DataFrame, tags: dict[str, list[str]], requested
                                   field="--baseline")
         return requested, f"baseline: {requested} (as asked)"
     tagged = [s for s in latency.columns if s != REFERENCE and BASELINE_TAG in tags.get(s, [])]
+    # A tag is the manifest's own word: only the repository grants the role, to the content its folder holds
+    # now. A folder run from elsewhere, or an older content, tagged so is passed over (and said so).
+    granted = set(hw.results.loc[hw.results["in_repository"], "solution"])
+    passed_over = [s for s in tagged if s not in granted]
+    tagged = [s for s in tagged if s in granted]
     passed = latency[tagged].notna().sum()
     tagged = [s for s in tagged if passed[s] > 0]
+    unless = (f"; tagged {BASELINE_TAG!r} but not the content of the repository's folder of that name: "
+              f"{', '.join(passed_over)}") if passed_over else ""
     if not tagged:
-        return REFERENCE, f"baseline: {REFERENCE} (no solution tagged {BASELINE_TAG!r} passed a workload)"
+        return REFERENCE, (f"baseline: {REFERENCE} (no repository solution tagged {BASELINE_TAG!r} passed a "
+                           f"workload{unless})")
     # The fastest: most workloads passed, then the highest geomean speedup over the reference where timed.
     over_reference = geomean(speedups_over(latency.loc[hw.timed], REFERENCE)[tagged]).fillna(-np.inf)
     fastest = max(tagged, key=lambda s: (passed[s], over_reference[s], s))
-    return fastest, f"baseline: {fastest} (the fastest solution tagged {BASELINE_TAG!r})"
+    return fastest, f"baseline: {fastest} (the fastest solution tagged {BASELINE_TAG!r}{unless})"
 
 
 def solution_figures(latency: pd.DataFrame, baseline: str, hw: HardwareResults) -> pd.DataFrame:

@@ -22,7 +22,7 @@ HOST_CLOCK = "host clock"  # the runner's timing method on a CPU: no rate (GB/s,
 
 def traces_frame(traces: Iterable[Trace]) -> pd.DataFrame:
     """One row per trace, in recorded order. `hardware` is the folder name, so GPUs never mix.
-    `stale` is False until mark_stale compares the hashes with the folders on disk."""
+    `stale` and `in_repository` are False until mark_stale compares the hashes with the folders on disk."""
     rows = []
     for t in traces:
         perf = t.performance
@@ -44,6 +44,7 @@ def traces_frame(traces: Iterable[Trace]) -> pd.DataFrame:
     frame["time"] = pd.to_datetime(frame["timestamp"], utc=True, format="ISO8601")
     frame["order"] = range(len(frame))  # breaks ties between runs recorded in the same second
     frame["stale"] = False
+    frame["in_repository"] = False
     return frame
 
 
@@ -96,9 +97,12 @@ def solution_hashes(repo: Repo, definition: str) -> dict[str, str]:
 
 def mark_stale(frame: pd.DataFrame, current_hashes: Mapping[str, str] | None) -> pd.DataFrame:
     """stale: the trace measured other content than the solution's folder holds now. Solutions without a
-    folder here (the reference, removed or imported ones) are never stale: there is nothing to compare with."""
+    folder here (the reference, removed or imported ones) are never stale: there is nothing to compare with.
+    in_repository: the trace measured what the repository's folder of its name holds now, manifest and tags
+    included (they are hashed): only such a result may be a board's baseline by its tag."""
     current = frame["solution"].map(current_hashes or {})
-    return frame.assign(stale=current.notna() & (current != frame["solution_hash"]))
+    return frame.assign(stale=current.notna() & (current != frame["solution_hash"]),
+                        in_repository=current == frame["solution_hash"])
 
 
 def latest_results(frame: pd.DataFrame) -> pd.DataFrame:

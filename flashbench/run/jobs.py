@@ -5,6 +5,7 @@ sandboxed workers, never imports solution code, and returns a `JobOutcome` (a py
 it crosses to the Ray driver as JSON).
 """
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +59,17 @@ class JudgeConfig:
         return cls(definition, root, definition_file, options, seeds, options.isolation or sandbox.available_isolation(),
                    hardware, options.cache_dir or root / CACHE_DIR_NAME)
 
+    @property
+    def trace_dir(self) -> Path:
+        return self.options.trace_dir or self.root / "traces"
+
+    def hidden_from(self, candidate: Candidate) -> tuple[Path, ...]:
+        """What a worker has no business reading, empty to it at the namespaces level: the repository's
+        solutions, the folders its own was staged from (their notes are outside its hash), the trace
+        directory, the cache (other solutions' staged copies and builds, other workers' directories) and
+        the runner's home. Its staged folder and its build directory are bound back."""
+        return (self.root / "solutions", *candidate.sources, self.trace_dir, self.cache_dir, *_runner_home())
+
 
 class JobJudge:
     def __init__(self, config: JudgeConfig, on_phase: Callable[[Job, str], None] = lambda job, phase: None):
@@ -94,11 +106,13 @@ class JobJudge:
         """A worker with `candidate` built on `device`, or None when the build failed (then
         known_failure says why). DeviceUnusable when the worker cannot use the device."""
         self.environment_of(device)
-        setup = Setup(definition=self.definition, solution=candidate.solution, folder=str(candidate.folder),
-                      device=device, build_dir=str(self.config.cache_dir / "build" / candidate.hash))
+        # Absolute: the worker's working directory may lie in a directory hidden from it.
+        setup = Setup(definition=self.definition, solution=candidate.solution, folder=str(candidate.folder.absolute()),
+                      device=device, build_dir=str((self.config.cache_dir / "build" / candidate.hash).absolute()))
         memory_limit = None if device.startswith("cuda") else self.options.memory_limit_bytes
         try:
-            worker = WorkerProcess.start(setup, self.config.isolation, self.config.cache_dir / "workers", memory_limit)
+            worker = WorkerProcess.start(setup, self.config.isolation, self.config.cache_dir / "workers", memory_limit,
+                                         self.config.hidden_from(candidate))
         except OSError as exc:
             raise DeviceUnusable(f"its worker could not start: {exc}") from None
         try:
@@ -208,6 +222,12 @@ class JobJudge:
         for seed in self.config.set_seeds:
             self.references.kept((workload.uuid, seed),
                                  lambda: generate_inputs(self.definition, workload, seed, device, base_dir))
+
+
+def _runner_home() -> tuple[Path, ...]:
+    """The runner's home (credentials, tools' settings), unless it is unknown or the root."""
+    home = Path(os.path.expanduser("~"))
+    return (home,) if home.is_absolute() and home != Path(home.anchor) else ()
 
 
 def _failure_before_start(candidate: Candidate) -> JobOutcome | None:

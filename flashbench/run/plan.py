@@ -11,7 +11,7 @@ from ..build import CACHE_DIR_NAME, FolderError, content_hash, is_documentation,
 from ..errors import FlashbenchError
 from ..model import REFERENCE, Definition, Solution, Workload
 from ..model.solution import SHARED_FOLDER
-from ..registry import Repo, SolutionFolder, load_solution_folder
+from ..registry import Repo, SolutionFolder, case_twin, load_solution_folder
 from .judge.evaluators import reference_sampler_source
 
 
@@ -21,6 +21,7 @@ class Candidate:
     solution: Solution
     hash: str
     problem: str | None = None  # why its folder could not be read and staged: then it runs no job (INVALID_SOLUTION)
+    sources: tuple[Path, ...] = ()  # the folders `folder` was staged from: hidden from its worker (notes and all)
 
 
 @dataclass
@@ -86,14 +87,20 @@ def select_solutions(repo: Repo, definition: str, selectors: list[str], cache_di
 def check_name_is_its_own(by_name: dict[str, SolutionFolder], folder: SolutionFolder) -> None:
     """Boards tell solutions apart by name: a folder from elsewhere that took the name of a repository
     folder (`by_name`, of the same definition) holding other code would take that one's row, even
-    with a failed run."""
-    known = by_name.get(folder.solution.name)
-    if known is None or known.path.resolve() == folder.path.resolve():  # selected by name: itself
+    with a failed run. A name differing from one of theirs only in case is refused too: `submit`
+    would install it over that folder on a case-insensitive file system."""
+    name, manifest = folder.solution.name, folder.path / "solution.yaml"
+    known = by_name.get(name)
+    if known is not None and known.path.resolve() == folder.path.resolve():  # selected by name: itself
         return
-    if known.content_hash() != folder.content_hash():
-        raise FlashbenchError(f"the name {folder.solution.name!r} is taken by {known.path}, which holds other "
-                              "code; a solution from elsewhere needs a name of its own", folder.path / "solution.yaml",
-                              "name")
+    twin = next((other for other in by_name if other != name and other.lower() == name.lower()), None)
+    if twin is not None:
+        raise FlashbenchError(f"the name {name!r} differs from {twin!r} ({by_name[twin].path}) only in case, and "
+                              "on a case-insensitive file system the two are one folder; a solution needs a name of "
+                              "its own", manifest, "name")
+    if known is not None and known.content_hash() != folder.content_hash():
+        raise FlashbenchError(f"the name {name!r} is taken by {known.path}, which holds other code; a solution "
+                              "from elsewhere needs a name of its own", manifest, "name")
 
 
 def candidates(repo: Repo, definition: Definition, folders: list[SolutionFolder], cache_dir: Path) -> list[Candidate]:
@@ -117,7 +124,7 @@ def solution_candidate(folder: SolutionFolder, cache_dir: Path) -> Candidate:
     its content hash covers, so no code the hash leaves out (compiled bytecode, files posing as
     documentation) can run."""
     loaded = stage_solution(folder, cache_dir / "solutions")
-    return Candidate(loaded, folder.solution, loaded.name)  # staged under its content hash, checked there
+    return Candidate(loaded, folder.solution, loaded.name, sources=folder.folders)  # staged under its content hash
 
 
 def stage_solution(folder: SolutionFolder, into: Path) -> Path:
@@ -203,6 +210,7 @@ def install_solution(repo: Repo, folder: Path, ran_hash: str | None = None) -> P
     target = repo.root / "solutions" / loaded.solution.definition / loaded.solution.name
     if target.resolve() == folder.resolve():
         return target
+    _check_no_case_twin(target, loaded.path / "solution.yaml", "name")
     shared = _shared_to_install(repo, loaded)
     for source, shared_target in shared:
         _copy_into(source, shared_target, documentation=True)
@@ -229,9 +237,20 @@ def _shared_to_install(repo: Repo, loaded: SolutionFolder) -> list[tuple[Path, P
     missing = []
     for shared in loaded.shared:
         target = repo.root / "solutions" / SHARED_FOLDER / shared.name
+        _check_no_case_twin(target, loaded.path / "solution.yaml", "shared")
         if not target.exists():
             missing.append((shared, target))
         elif target.resolve() != shared.resolve() and content_hash(target) != content_hash(shared):
             raise FlashbenchError(f"{SHARED_FOLDER}/{shared.name} differs from {target}; give the changed copy a "
                                   "name of its own", loaded.path / "solution.yaml", "shared")
     return missing
+
+
+def _check_no_case_twin(target: Path, manifest: Path, field: str) -> None:
+    """Installing at `target` beside a folder whose name differs only in case would replace that folder on a
+    case-insensitive file system (registry.case_twin)."""
+    twin = case_twin(target)
+    if twin is not None:
+        raise FlashbenchError(f"{target.name!r} differs from {twin!r} in {target.parent} only in case, and on a "
+                              "case-insensitive file system the two are one folder; give it a name of its own",
+                              manifest, field)

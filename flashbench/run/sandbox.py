@@ -5,9 +5,12 @@ Two levels, strongest first:
   and IPC namespaces. It is PID 1 of its PID namespace, so when it dies the kernel kills every
   process it started, daemons included. Before running anything else it makes the whole file tree
   read-only (/sys and the kernel's settings under /proc included: as root mapped to root it could
-  otherwise write the host's sysctls), binds back only the directories it may write (its exchange and
-  build directories), puts fresh tmpfs on /tmp, /dev/shm and /dev/pts, and then enters a nested user
-  namespace, which cannot remount or unmount what its parent set up.
+  otherwise write the host's sysctls), puts fresh tmpfs on /tmp, /dev/shm and /dev/pts and an empty
+  read-only one on each directory it has no business reading (the repository's solutions, the trace
+  and cache directories, the runner's home), binds back the directories it needs from under those
+  (its staged solution, the interpreter) and the ones it may write (its exchange and build
+  directories), and then enters a nested user namespace, which cannot remount or unmount what its
+  parent set up.
 - "process": a session and process group of its own, and rlimits. Daemons can escape it.
 
 Stdlib only: this file also runs as a script (`python sandbox.py SPEC ISOLATION MODULE ARGS...`)
@@ -51,6 +54,8 @@ ALLOWED_VARIABLES = frozenset({
 })
 ALLOWED_PREFIXES = ("NVIDIA_", "TRITON_", "OPENBLAS_")
 DENIED_VARIABLES = frozenset({"TRITON_HOME"})  # and every *_DIR: directories are the caller's to set
+# Directories of tools and libraries (os.pathsep-separated lists): they stay visible inside a hidden directory.
+TOOLCHAIN_VARIABLES = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH")
 
 # Linux ABI (mount.h, sched.h, fcntl.h). mount_setattr has the same number on every architecture.
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
@@ -71,7 +76,8 @@ class SandboxError(Exception):
 @dataclass(frozen=True)
 class SandboxSpec:
     writable: tuple[str, ...] = ()  # absolute directories the worker may write (exchange dir, build dir)
-    readable: tuple[str, ...] = ()  # directories it must see though they lie under /tmp or /dev/shm
+    readable: tuple[str, ...] = ()  # directories it must see though they lie under /tmp, /dev/shm or a hidden one
+    hidden: tuple[str, ...] = ()  # directories it must not read (namespaces level): empty inside, but for the above
     memory_limit_bytes: int | None = None  # RLIMIT_AS when set (CPU workers)
     file_size_limit_bytes: int = 1 << 30  # RLIMIT_FSIZE
     tmpfs_bytes: int = 1 << 30  # size of the private /tmp and /dev/shm (namespaces level)
@@ -82,7 +88,7 @@ class SandboxSpec:
     @classmethod
     def from_json(cls, text: str) -> "SandboxSpec":
         data = json.loads(text)
-        return cls(**{**data, "writable": tuple(data["writable"]), "readable": tuple(data["readable"])})
+        return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in data.items()})
 
 
 # Choosing and starting.
@@ -190,26 +196,34 @@ def _use_private_tmpdir(spec: SandboxSpec) -> None:
 def _enter_namespaces(spec: SandboxSpec) -> None:
     """The mount steps, in the mount namespace `unshare` made, as root of the user namespace it made."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here propagates to the host
-    # Opened before the tmpfs covers /tmp: the exchange and build dirs, and what Python imports from, may lie there.
-    binds = _open_binds(spec)
+    working_directory, hidden = os.getcwd(), _hidden(spec)
+    # Opened before anything covers them: the exchange and build dirs, and what Python imports from, may lie
+    # under /tmp or a hidden directory.
+    binds = _open_binds(spec, hidden)
     try:
         _make_read_only("/", recursive=True)
         _open_proc_except_kernel_settings()
         _mount_private_tmpfs(spec.tmpfs_bytes)
-        for path, fd, writable in binds:
-            _bind_back(path, fd, writable)
+        _hide_and_bind_back(hidden, binds)
     finally:
         for _, fd, _ in binds:
             os.close(fd)
     os.environ["TMPDIR"] = "/tmp"
+    _enter_again(working_directory)
     _lock_mounts()
 
 
-def _open_binds(spec: SandboxSpec) -> list[tuple[str, int, bool]]:
+def _hidden(spec: SandboxSpec) -> list[str]:
+    """The real paths of the directories to cover, but the root and /tmp and /dev/shm (fresh already): covering
+    those would take away what every process needs."""
+    return [path for path in map(os.path.realpath, spec.hidden) if path not in ("/", *COVERED)]
+
+
+def _open_binds(spec: SandboxSpec, hidden: list[str]) -> list[tuple[str, int, bool]]:
     """(path, O_PATH descriptor, writable) for each directory to bind back, parents before children, so
     that a writable directory inside a readable one stays writable."""
-    readable = {os.path.realpath(path) for path in (*spec.readable, *_import_paths())}
-    wanted = {path: False for path in readable if _covered(path)}
+    readable = {os.path.realpath(path) for path in (*spec.readable, *_import_paths(), *_toolchain_paths())}
+    wanted = {path: False for path in readable if _covered(path) or any(_within(path, top) for top in hidden)}
     wanted.update({os.path.realpath(path): True for path in spec.writable})
     binds = []
     for path in sorted(wanted, key=lambda p: p.count(os.sep)):
@@ -228,6 +242,13 @@ def _import_paths() -> list[str]:
     installation = (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
                     os.path.dirname(sys.executable))
     return [path for path in (*installation, *sys.path) if path and os.path.isdir(path)]
+
+
+def _toolchain_paths() -> list[str]:
+    """The directories the worker's environment names for its tools (compilers, nvcc, ninja, the CUDA
+    libraries): a build must find them where the runner's would, under its home too."""
+    named = [path for variable in TOOLCHAIN_VARIABLES for path in os.environ.get(variable, "").split(os.pathsep)]
+    return [path for path in named if os.path.isabs(path) and os.path.isdir(path)]
 
 
 def _covered(path: str) -> bool:
@@ -249,12 +270,39 @@ def _mount_private_tmpfs(size: int) -> None:
         _mount("tmpfs", "/dev/pts", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=755")
 
 
+def _hide_and_bind_back(hidden: list[str], binds: list[tuple[str, int, bool]]) -> None:
+    """Covers each hidden directory with an empty tmpfs and binds back each directory the worker needs,
+    parents before children: what is bound back inside a hidden directory shows, what is hidden inside a
+    bound-back one does not. A cover turns read-only once the binds inside it have their mount points."""
+    bound = {path for path, _, _ in binds}  # a directory both hidden and needed is needed
+    steps = [(path, None) for path in hidden if path not in bound]
+    steps += [(path, (fd, writable)) for path, fd, writable in binds]
+    covers = []
+    for path, bind in sorted(steps, key=lambda step: (step[0].count(os.sep), step[1] is not None)):
+        if bind is not None:
+            _bind_back(path, *bind)
+        elif os.path.isdir(path):  # else nothing of the host's is there (it lies in a fresh tmpfs)
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=755")
+            covers.append(path)
+    for path in covers:
+        _make_read_only(path, recursive=False)
+
+
 def _bind_back(path: str, fd: int, writable: bool) -> None:
     """Binds the directory held by `fd` at `path`: read-only like its source, or made writable."""
-    os.makedirs(path, exist_ok=True)  # its mount point, where it lies inside a fresh tmpfs
+    os.makedirs(path, exist_ok=True)  # its mount point, where it lies inside a fresh or covering tmpfs
     _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
     if writable:
         _make_writable(path)
+
+
+def _enter_again(working_directory: str) -> None:
+    """The working directory looked up anew, through the mounts just made: the old one still led into the
+    host's tree beneath them, where relative paths would reach a hidden directory or the host's /tmp."""
+    try:
+        os.chdir(working_directory)
+    except OSError:  # it lay in a fresh or covering tmpfs: nothing of it is there any more
+        os.chdir("/")
 
 
 def _lock_mounts() -> None:

@@ -41,9 +41,12 @@ class WorkerProcess:
         self.isolation = isolation
 
     @classmethod
-    def start(cls, setup: Setup, isolation: str, work_root: Path, memory_limit_bytes: int | None) -> "WorkerProcess":
+    def start(cls, setup: Setup, isolation: str, work_root: Path, memory_limit_bytes: int | None,
+              hidden: tuple[Path, ...] = ()) -> "WorkerProcess":
         """The worker may write only its exchange directory (its TMPDIR at level process) and the
-        solution's own build directory; its log is a file it holds open but cannot reach by name.
+        solution's own build directory; its log is a file it holds open but cannot reach by name. At the
+        namespaces level the `hidden` directories are empty to it, but for its solution's folder, build and
+        exchange directories.
         It gets three descriptors: the request pipe, the reply pipe, and its end of the descriptor
         socket, on which a CPU job's arena (a sealed memfd) comes."""
         work_root.mkdir(parents=True, exist_ok=True)
@@ -52,7 +55,7 @@ class WorkerProcess:
         build_dir = Path(setup.build_dir)
         build_dir.mkdir(parents=True, exist_ok=True)
         spec = sandbox.SandboxSpec(writable=(str(exchange), str(build_dir)), readable=(setup.folder,),
-                                   memory_limit_bytes=memory_limit_bytes)
+                                   hidden=tuple(map(str, hidden)), memory_limit_bytes=memory_limit_bytes)
         to_worker, from_judge = _pipe()
         to_judge, from_worker = _pipe()
         fd_socket, worker_socket = fd_socket_pair()

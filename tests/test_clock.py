@@ -300,3 +300,14 @@ def test_a_call_a_cuda_graph_cannot_capture_is_named(monkeypatch):
     with pytest.raises(RuntimeError, match=r"cannot be captured in a CUDA graph.*--timing events.*Cannot copy"):
         job.replay(Call(set=0, slot=0))
     assert calls == ["call", "store", "call", "store"]  # a warm-up outside the capture, then the capture
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_gpu_baseline_runs_an_empty_kernel_for_each_call(job_inputs, monkeypatch):
+    gpu_inputs = SimpleNamespace(**{**vars(job_inputs), "device": "cuda",
+                                    "tensors": {n: t.cuda() for n, t in job_inputs.tensors.items()}})
+    baseline = Baseline(gpu_inputs, CountingFlush(), copies_outputs=False, max_calls=3)
+    launched = []
+    monkeypatch.setattr(baseline, "_empty", SimpleNamespace(zero_=lambda: launched.append(1)))
+    baseline.time_ms(seeded_batch(3))
+    assert len(launched) == 3 * BASELINE_REPEATS["cuda"]

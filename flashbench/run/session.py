@@ -386,7 +386,8 @@ class _Job:
             raise _Stop(self.rejected(problem))
         ranked, name = (worker, "worker") if worker["latency_ms"] >= judge["latency_ms"] else (judge, "judge")
         return {**ranked, "clock": {
-            "ranked_clock": name, "judge_method": "wall clock per batch, less the harness's steps run by the judge",
+            "ranked_clock": name, "judge_method": "wall clock per batch, less the harness's steps run by the judge with "
+                                             + ("an empty kernel" if device_type == "cuda" else "nothing") + " for the call",
             "batches": len(self.times.batch_ms), "calls_per_batch": self.times.batch_sizes[0],
             "checked_calls": len(self.reads) - len(self.arena_sets) - 1,
             "steps_per_call_ms": self.steps_per_call_ms(),

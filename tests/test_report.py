@@ -72,3 +72,17 @@ def test_the_legend_says_how_it_was_measured_and_what_was_not_timed(tmp_path):
     assert "Measured with timing events, L2 flushed (256 MiB), device cuda." in text
     assert "Workloads tagged smoke (smoke_tiny) check correctness" in text
     assert "(stale): the solution's folder now holds other content" in text and "| fast (stale)" in text
+
+
+def test_a_pair_whose_worker_issued_for_nearly_the_whole_batch_is_marked_host_bound(tmp_path):
+    issued = lambda share: {**make_trace("x", "aaaaaaaa-1", 1.0).performance.timing, "worker_issue_share": share}
+    traces = [make_trace("busy_host", "aaaaaaaa-1", 2.0, timing=issued(0.99)),
+              make_trace("device_bound", "aaaaaaaa-1", 2.0, timing=issued(0.7)),
+              make_trace("unknown", "aaaaaaaa-1", 2.0)]  # no share recorded (before the judge): not marked
+    row = table_of(traces).iloc[0]
+    assert row["busy_host"].endswith(" host-bound")
+    assert not row["device_bound"].endswith("host-bound") and not row["unknown"].endswith("host-bound")
+    board = report_board(traces, WORKLOADS, "GPU X", CALIBRATION)
+    assert "host-bound: the worker was issuing calls for 95% or more" in markdown_report("d", board, tmp_path / "d.jsonl")
+    assert "host-bound:" not in markdown_report("d", report_board(traces[1:], WORKLOADS, "GPU X", CALIBRATION),
+                                                tmp_path / "d.jsonl")

@@ -14,10 +14,15 @@ from ..traces import hardware_slug, read_traces, trace_file_name, trace_path
 COLUMNS = [
     "hardware", "hardware_name", "definition", "workload", "workload_name", "solution", "solution_hash",
     "solution_tags", "status", "message", "timestamp", "latency_ms", "ci_low_ms", "ci_high_ms", "p10_ms", "p90_ms",
-    "spread_pct", "bytes", "flops", "timing_method", "l2_state", "device", "isolation",
+    "spread_pct", "bytes", "flops", "timing_method", "l2_state", "device", "isolation", "host_bound",
 ]
 RESULT_KEY = ["hardware", "solution", "solution_hash", "workload"]
 HOST_CLOCK = "host clock"  # the runner's timing method on a CPU: no rate (GB/s, FLOP/s) means anything there
+# A worker busy issuing its calls for this share of each timed batch or more (`worker_issue_share`) left the
+# device waiting on the host: the judge's clock then read the host's time per call, not the device's. On the
+# H200 (docs/measurement.md, v8 and v9) our kernels and FlashInfer read 0.38-0.90 on kernel workloads, the
+# pairs whose ranked figure moved most between two runs 0.99.
+HOST_BOUND_SHARE = 0.95
 
 
 def traces_frame(traces: Iterable[Trace]) -> pd.DataFrame:
@@ -38,7 +43,7 @@ def traces_frame(traces: Iterable[Trace]) -> pd.DataFrame:
             "bytes": perf.bytes if perf and perf.bytes is not None else np.nan,
             "flops": perf.flops if perf and perf.flops is not None else np.nan,
             "timing_method": timing.get("method"), "l2_state": l2_state(timing), "device": t.environment.get("device"),
-            "isolation": t.isolation,
+            "isolation": t.isolation, "host_bound": (timing.get("worker_issue_share") or 0.0) >= HOST_BOUND_SHARE,
         })
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["time"] = pd.to_datetime(frame["timestamp"], utc=True, format="ISO8601")

@@ -148,6 +148,7 @@ class InputSets:
     sets: list[dict[str, torch.Tensor]]
     random_names: list[str]
     data: dict[str, GeneratedData] = field(init=False)
+    _spans: dict[str, int] = field(init=False)  # the last offset each input's window can start at
     _calls: list[Call] = field(default_factory=list, init=False)  # the batch drawn last, and its draws
     _fresh: dict = field(default_factory=dict, init=False)
     _fresh_data: dict = field(default_factory=dict, init=False)
@@ -155,14 +156,14 @@ class InputSets:
 
     def __post_init__(self):
         self.data = redrawn_data(self.definition, self.workload, self.sets[0])
+        self._spans = {**window_spans(self.sets[0], self.random_names), **data_window_spans(self.sets[0], self.data)}
 
     def draw(self, seed: int, calls: list[Call]) -> None:
         like = self.sets[0]
         self._calls = calls
         self._fresh = draw_windows(self.definition, self.workload, like, self.random_names, seed, len(calls))
         self._fresh_data = draw_data_windows(self.workload, like, self.data, seed, len(calls))
-        spans = {**window_spans(like, self.random_names), **data_window_spans(like, self.data)}
-        self._starts = window_starts(seed, [call.seed or 0 for call in calls], spans)
+        self._starts = window_starts(seed, [call.seed or 0 for call in calls], self._spans)
 
     def redraw(self, k: int) -> None:
         """Call `k` of the batch drawn last: its windows written into its set (nothing without a seed)."""
@@ -170,13 +171,8 @@ class InputSets:
         if call.seed is None:
             return
         inputs = self.sets[call.set]
-        copies = window_copies(inputs, self._fresh, k, self._starts)
-        indexed = []
-        for table, rows, window in data_window_copies(inputs, self.data, self._fresh_data, k, self._starts):
-            if rows is None:
-                copies.append((table, window))
-            else:
-                indexed.append((table, rows, window))
+        sliced, indexed = data_window_copies(inputs, self.data, self._fresh_data, k, self._starts)
+        copies = window_copies(inputs, self._fresh, k, self._starts) + sliced
         if copies:
             torch._foreach_copy_([target for target, _ in copies], [source for _, source in copies])
         for table, rows, window in indexed:

@@ -218,11 +218,12 @@ def data_window_spans(like: dict[str, Any], data: dict[str, GeneratedData]) -> d
 
 
 def data_window_copies(inputs: dict[str, Any], data: dict[str, GeneratedData], fresh: dict[str, Any], k: int,
-                       starts: dict[str, list[int]]) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
-    """(table, rows, window) for each generated data input of `fresh`: window `k` of its fresh rows goes
-    to its data rows from starts[name][k] on. `rows` is None where every row carries data: the window is
-    then a slice of `table`, and the table the slice."""
-    copies = []
+                       starts: dict[str, list[int]]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]],
+                                                            list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+    """Window `k` of each generated data input's fresh rows, to go to its data rows from starts[name][k] on:
+    (target, window) where every row carries data (a slice of the input), and (table, rows, window) where
+    the data rows are scattered (an indexed copy into the input's rows)."""
+    sliced, indexed = [], []
     for name, fresh_rows in fresh.items():
         spec = data[name]
         table = inputs[name].view(-1, spec.width)
@@ -230,10 +231,10 @@ def data_window_copies(inputs: dict[str, Any], data: dict[str, GeneratedData], f
         start = starts[name][k]
         window = fresh_rows[k * count:(k + 1) * count]
         if spec.rows is None:
-            copies.append((table[start:start + count], None, window))
+            sliced.append((table[start:start + count], window))
         else:
-            copies.append((table, spec.rows[start:start + count], window))
-    return copies
+            indexed.append((table, spec.rows[start:start + count], window))
+    return sliced, indexed
 
 
 def _concrete_shape(name: str, shape: list[str], axes: dict[str, int]) -> list[int]:

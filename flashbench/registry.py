@@ -10,6 +10,7 @@ Layout:
 
 import difflib
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -160,9 +161,12 @@ def case_twin(folder: Path) -> str | None:
     that one, and a clone made there of a repository holding both loses one."""
     if not folder.parent.is_dir():
         return None
-    name = folder.name.lower()  # names are ASCII (model.definition.FOLDER_NAME)
-    return next((entry.name for entry in folder.parent.iterdir() if entry.name != folder.name
-                 and entry.name.lower() == name), None)
+    return case_twin_among(folder.name, (entry.name for entry in folder.parent.iterdir()))
+
+
+def case_twin_among(name: str, names: Iterable[str]) -> str | None:
+    """The first of `names` that differs from `name` only in case (names are ASCII: model.definition.FOLDER_NAME)."""
+    return next((other for other in names if other != name and other.lower() == name.lower()), None)
 
 
 class Repo:

@@ -11,7 +11,7 @@ from ..build import CACHE_DIR_NAME, FolderError, content_hash, is_documentation,
 from ..errors import FlashbenchError
 from ..model import REFERENCE, Definition, Solution, Workload
 from ..model.solution import SHARED_FOLDER
-from ..registry import Repo, SolutionFolder, case_twin, load_solution_folder
+from ..registry import Repo, SolutionFolder, case_twin, case_twin_among, load_solution_folder
 from .judge.evaluators import reference_sampler_source
 
 
@@ -93,7 +93,7 @@ def check_name_is_its_own(by_name: dict[str, SolutionFolder], folder: SolutionFo
     known = by_name.get(name)
     if known is not None and known.path.resolve() == folder.path.resolve():  # selected by name: itself
         return
-    twin = next((other for other in by_name if other != name and other.lower() == name.lower()), None)
+    twin = case_twin_among(name, by_name)
     if twin is not None:
         raise FlashbenchError(f"the name {name!r} differs from {twin!r} ({by_name[twin].path}) only in case, and "
                               "on a case-insensitive file system the two are one folder; a solution needs a name of "

@@ -50,7 +50,7 @@ def main(names: list[str]) -> None:
     names = names or ["smoke_mixed"] + [n for n, w in workloads.items() if "smoke" not in w.tags]
     triton = module("triton_splitkv")
     try:
-        flashinfer = module("flashinfer_fa3").run
+        flashinfer = module("flashinfer_fa3").run_decode
     except BuildError as error:
         flashinfer = None
         print(f"FlashInfer left out: {error}")
@@ -74,10 +74,10 @@ def main(names: list[str]) -> None:
                         and torch.allclose(lse, expected[1], atol=1e-3, rtol=1e-3)):
                     print(f"MISMATCH {name} {variant}")
                     break
-        launch = triton._launch
-        triton._launch = lambda kernel, *a: None if kernel is triton._mla_decode_merge_kernel else launch(kernel, *a)
+        launch = triton.fast_launch.launch
+        triton.fast_launch.launch = lambda kernel, *a: None if kernel is triton._mla_decode_merge_kernel else launch(kernel, *a)
         row["split_only"] = time_after_flush(lambda: triton.launch(*args), flush, CALLS)
-        triton._launch = launch
+        triton.fast_launch.launch = launch
         print(f"{name:24s} B={output.shape[0]} tokens={inputs['kv_indices'].shape[0]} "
               + " ".join(f"{k}={v:.1f}" for k, v in row.items()), flush=True)
 

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+import fast_launch  # solutions/_shared/triton_fast_launch
+
 LOG2E = 1.4426950408889634
 
 # Measured best on an H200 (block of 32 tokens, 4 warps, 5 pipeline stages = 2 KV tiles in
@@ -218,8 +220,6 @@ MANY_PARTS = 32
 
 _SM_COUNT = {}
 _WORKSPACE = {}
-_COMPILED = {}
-_FAST_LAUNCH = os.environ.get("FLASHBENCH_TRITON_FAST_LAUNCH", "1") == "1"
 
 
 def _num_sms(device):
@@ -242,41 +242,6 @@ def _workspace(device, slots, heads, dim):
         ws = (part_o, part_lse)
         _WORKSPACE[key] = ws
     return ws
-
-
-def _specialisation(args):
-    """What Triton specialises a launch on (tensor dtype and 16-byte alignment, integers equal to 1
-    or divisible by 16), and the arguments as the launcher takes them (pointers as integers)."""
-    key, raw = [], []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            ptr = a.data_ptr()
-            key.append((a.dtype, ptr & 15 == 0))
-            raw.append(ptr)
-        else:
-            key.append((a == 1, a % 16 == 0) if type(a) is int else None)
-            raw.append(a)
-    return tuple(key), raw
-
-
-def _launch(kernel, grid, args, constexprs, num_warps, num_stages, device):
-    """kernel[grid](...) with the compiled kernel cached per specialisation and launched directly on
-    repeated calls. Triton's own path costs tens of microseconds of host time per launch (argument
-    binding, launch hooks that build metadata, a driver query per tensor argument); pointers passed
-    as integers skip the query, and the launch hooks are left out."""
-    if not _FAST_LAUNCH or device.type != "cuda":
-        return kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    spec, raw = _specialisation(args)
-    key = (kernel, index, spec, tuple(constexprs.values()), num_warps, num_stages)
-    ck = _COMPILED.get(key)
-    if ck is None:
-        ck = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
-        _COMPILED[key] = ck
-        return ck
-    ck.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(index), ck.function, ck.packed_metadata,
-           None, None, None, *raw, *constexprs.values())
-    return ck
 
 
 def _chunk(total, batch, num_units, min_chunk, aligned):
@@ -316,7 +281,7 @@ def launch(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, 
 
     if units > 0:
         block_b = min(1 << max(batch - 1, 0).bit_length(), 1024)
-        _launch(
+        fast_launch.launch(
             _mla_decode_split_kernel, (units, 1, 1),
             (q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices,
              output, lse, part_o, part_lse,
@@ -330,7 +295,7 @@ def launch(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, 
         if merge is None:
             merge = "columns" if units >= MANY_PARTS * batch else "fine1w"
         hb, bd, ub, warps = MERGE_TILINGS[merge]
-        _launch(
+        fast_launch.launch(
             _mla_decode_merge_kernel, (batch, heads // hb, dim // bd),
             (kv_indptr, output, lse, part_o, part_lse, chunk,
              output.stride(0), output.stride(1), lse.stride(0)),

@@ -1,4 +1,6 @@
-"""Causal MLA paged prefill through FlashInfer's fa3 MLA kernel (BatchMLAPagedAttentionWrapper).
+"""MLA paged decode and causal prefill through FlashInfer's fa3 MLA kernel
+(BatchMLAPagedAttentionWrapper): `run_decode` for mla_paged_decode, `run_prefill` for
+mla_paged_prefill_causal.
 
 FlashInfer splits the work into a plan (host-side scheduling over the index arrays, copied
 to the host) and a run. Serving engines plan once per batch and run every layer with it; here
@@ -111,6 +113,24 @@ def _run(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, s
         lse.index_fill_(0, entry.dead_rows, -math.inf)
 
 
-def run(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse):
+_qo_indptr_cache = {}
+
+
+def _decode_qo_indptr(batch, device):
+    key = (batch, str(device))
+    t = _qo_indptr_cache.get(key)
+    if t is None:
+        t = torch.arange(batch + 1, dtype=torch.int32, device=device)
+        _qo_indptr_cache[key] = t
+    return t
+
+
+def run_decode(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, output, lse):
+    qo_indptr = _decode_qo_indptr(q_nope.shape[0], q_nope.device)
+    _run(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse,
+         causal=False)
+
+
+def run_prefill(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse):
     _run(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, output, lse,
          causal=True)

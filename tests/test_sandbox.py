@@ -55,12 +55,14 @@ PROBE = textwrap.dedent(r'''
 
 
     def mount_attempts_in_new_namespaces():
-        """The same from new user and mount namespaces of its own (made in a child: they are for good)."""
+        """New namespaces of its own, and the mount attempts again from there (made in a child: they are for
+        good)."""
         read, write_end = os.pipe()
         if os.fork() == 0:
             os.close(read)
+            pid = libc_outcome(libc.unshare, 0x20000000)  # CLONE_NEWPID, as root of its user namespace
             unshared = libc_outcome(libc.unshare, 0x10000000 | 0x00020000)  # CLONE_NEWUSER | CLONE_NEWNS
-            os.write(write_end, json.dumps({"unshare": unshared, **mount_attempts()}).encode())
+            os.write(write_end, json.dumps({"pid": pid, "unshare": unshared, **mount_attempts()}).encode())
             os._exit(0)
         os.close(write_end)
         with os.fdopen(read) as pipe:
@@ -78,6 +80,8 @@ PROBE = textwrap.dedent(r'''
             "writable": outcome(lambda: write(os.path.join(writable_dir, "output"))),
             "sysctl": outcome(lambda: os.close(os.open("/proc/sys/kernel/core_pattern", os.O_WRONLY))),
             "dev_null": outcome(lambda: write("/dev/null")),
+            "dev": listing("/dev"),
+            "kmsg": outcome(lambda: write("/dev/kmsg")),
             "direct": mount_attempts(),
             "nested": mount_attempts_in_new_namespaces(),
         }
@@ -297,8 +301,15 @@ def test_only_the_writable_folders_can_be_written_and_mounts_are_locked(probe_di
     assert found["sysctl"] == "EROFS"  # root mapped to root could otherwise write the host's sysctls
     assert found["dev_null"] == "ok"
     assert found["direct"] == {"remount": "EPERM", "umount": "EPERM", "umount_sys": "EPERM", "sysctl": "EROFS"}
+    # Only the devices a worker needs (no kernel log, console or disk of the host's), and the GPU's where
+    # there is one.
+    assert set(found["dev"]) - {"fd", "stdin", "stdout", "stderr", "shm", "pts"} <= sandbox.KEPT_DEVICES | {
+        name for name in found["dev"] if name.startswith(sandbox.KEPT_DEVICE_PREFIXES)}
+    assert "kmsg" not in found["dev"] and found["kmsg"] != "ok"
     nested = found["nested"]
-    assert nested["unshare"] == "ok"  # it may make namespaces of its own, but what it got stays locked
+    # No namespace of its own: a process in a PID namespace below the worker's would be one the runner
+    # neither stops nor finds left running; and what the worker got stays locked.
+    assert (nested["pid"], nested["unshare"]) == ("ENOSPC", "ENOSPC")
     assert (nested["remount"], nested["sysctl"]) == ("EPERM", "EROFS")
     assert nested["umount"] != "ok" and nested["umount_sys"] != "ok"
     assert sorted(os.listdir(host_dir)) == ["writable"] and sorted(os.listdir(readable)) == ["input"]

@@ -5,7 +5,8 @@ Two levels, strongest first:
   and IPC namespaces. It is PID 1 of its PID namespace, so when it dies the kernel kills every
   process it started, daemons included. Before running anything else it makes the whole file tree
   read-only (/sys and the kernel's settings under /proc included: as root mapped to root it could
-  otherwise write the host's sysctls), puts fresh tmpfs on /tmp, /dev/shm and /dev/pts and an empty
+  otherwise write the host's sysctls), allows no namespace below its own but one user namespace,
+  puts a /dev of a few devices in place, fresh tmpfs on /tmp, /dev/shm and /dev/pts and an empty
   read-only one on each directory it has no business reading (the repository's solutions, the trace
   and cache directories, the runner's home), binds back the directories it needs from under those
   (its staged solution, the interpreter) and the ones it may write (its exchange and build
@@ -27,6 +28,7 @@ import resource
 import runpy
 import signal
 import site
+import stat
 import subprocess
 import sys
 import time
@@ -42,6 +44,16 @@ REAP_TIMEOUT_S = 10.0
 
 # Covered by fresh tmpfs inside: whatever the worker needs from under them is bound back.
 COVERED = ("/tmp", "/dev/shm")
+# The sandbox's /dev: these devices of the host's, and the GPU's (nvidia0, nvidiactl, nvidia-uvm,
+# nvidia-caps/ ...), as a container runtime binds them; and links a shell or a library may expect.
+KEPT_DEVICES = frozenset({"null", "zero", "full", "random", "urandom"})
+KEPT_DEVICE_PREFIXES = ("nvidia",)
+DEVICE_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+                "stderr": "/proc/self/fd/2"}
+# Namespaces that may still be made inside: the nested user namespace that locks the mounts, no other.
+NAMESPACE_LIMITS = {"max_user_namespaces": 1, "max_pid_namespaces": 0, "max_mnt_namespaces": 0,
+                    "max_net_namespaces": 0, "max_ipc_namespaces": 0, "max_uts_namespaces": 0,
+                    "max_cgroup_namespaces": 0, "max_time_namespaces": 0}
 # Read-only inside a /proc that is otherwise writable again (as a container runtime keeps them).
 KERNEL_SETTINGS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 
@@ -119,6 +131,8 @@ def _namespaces_problem() -> str | None:
     if probe.returncode != 0:
         lines = probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"]
         return f"unshare failed: {lines[-1]}"
+    if not os.path.exists("/proc/sys/user/max_pid_namespaces"):
+        return "the kernel has no per-namespace limits (/proc/sys/user, Linux 4.9)"
     return None
 
 
@@ -196,6 +210,7 @@ def _use_private_tmpdir(spec: SandboxSpec) -> None:
 def _enter_namespaces(spec: SandboxSpec) -> None:
     """The mount steps, in the mount namespace `unshare` made, as root of the user namespace it made."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here propagates to the host
+    _forbid_new_namespaces()
     working_directory, hidden = os.getcwd(), _hidden(spec)
     # Opened before anything covers them: the exchange and build dirs, and what Python imports from, may lie
     # under /tmp or a hidden directory.
@@ -211,6 +226,18 @@ def _enter_namespaces(spec: SandboxSpec) -> None:
     os.environ["TMPDIR"] = "/tmp"
     _enter_again(working_directory)
     _lock_mounts()
+
+
+def _forbid_new_namespaces() -> None:
+    """No namespace can be made below this user namespace but the one user namespace `_lock_mounts`
+    makes. A process in a PID namespace of its own is not one the runner finds as the sandbox's (to
+    stop it while the judge times its steps, to report it left running), and in a user namespace of
+    its own the worker would be root again. The limits count for every user namespace below this one,
+    and the worker, in the nested one, cannot raise them here."""
+    for name, limit in NAMESPACE_LIMITS.items():
+        path = f"/proc/sys/user/{name}"
+        if os.path.exists(path):  # the time namespace's only since Linux 5.6
+            _write_proc(path, str(limit))
 
 
 def _hidden(spec: SandboxSpec) -> list[str]:
@@ -261,13 +288,44 @@ def _within(path: str, root: str) -> bool:
 
 
 def _mount_private_tmpfs(size: int) -> None:
-    """Fresh /tmp and /dev/shm shared with no one, and an empty read-only /dev/pts: no terminal of the
-    runner can be opened."""
+    """A /dev of a few devices (below), fresh /tmp and /dev/shm shared with no one, and an empty
+    read-only /dev/pts: no terminal of the runner can be opened."""
+    _mount_minimal_dev()
     for target in COVERED:
         if os.path.isdir(target):
             _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
     if os.path.isdir("/dev/pts"):
         _mount("tmpfs", "/dev/pts", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=755")
+
+
+def _mount_minimal_dev() -> None:
+    """A fresh /dev holding only the devices a worker needs, bound from the host's: as root mapped to
+    root it could otherwise open the host's other device nodes (its kernel log, consoles, disks), which
+    a read-only mount does not protect."""
+    kept = [name for name in sorted(os.listdir("/dev")) if name in KEPT_DEVICES or name.startswith(KEPT_DEVICE_PREFIXES)]
+    held = []
+    try:
+        for name in kept:
+            held.append((name, os.open(f"/dev/{name}", os.O_PATH | os.O_NOFOLLOW)))
+        _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+        for name, fd in held:
+            target = f"/dev/{name}"
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                os.symlink(os.readlink(f"/proc/self/fd/{fd}"), target)
+                continue
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.mkdir(target)
+            else:
+                os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # the bind's mount point
+            _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+    finally:
+        for _, fd in held:
+            os.close(fd)
+    for name, target in DEVICE_LINKS.items():
+        os.symlink(target, f"/dev/{name}")
+    for name in ("shm", "pts"):
+        os.mkdir(f"/dev/{name}")
+    _make_read_only("/dev", recursive=False)
 
 
 def _hide_and_bind_back(hidden: list[str], binds: list[tuple[str, int, bool]]) -> None:

@@ -207,7 +207,7 @@ class _Job:
         self.batch(first, timed=False, graph=False,
                    picked={k: f"input set {c.set}" if c.slot < sets else "the repeated call" for k, c in enumerate(first)})
         self.session.on_phase("time")
-        clean = self.session.clean_steps if torch.device(self.session.device).type == "cuda" else None
+        clean = self.session.clean_steps
         if clean is not None and not self.session.trusted:
             self.times.clean_step_ms = clean.get(self.inputs.workload.uuid, self.session.device)
         self.timed_batches(baseline, self.warm_up())

@@ -15,6 +15,7 @@ from .protocol import (BatchDone, Channel, ChannelClosed, ChannelTimeout, Failed
                        fd_socket_pair, frame, parse_reply, send_fd)
 
 LOG_TAIL_BYTES = 4000
+STOP_ROUNDS = 100  # listings of the sandbox's processes while stopping them (paused)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -32,12 +33,13 @@ class WorkerProcess:
     """One worker in its sandbox, for one solution on one device. A crash, hang or OOM ends only it."""
 
     def __init__(self, process: subprocess.Popen, channel: Channel, exchange_dir: Path, log_path: Path, isolation: str,
-                 fd_socket=None):
+                 fd_socket=None, log_fd: int | None = None):
         self.process = process
         self.channel = channel
         self.fd_socket = fd_socket  # the judge's sending end of the descriptor socket (a CPU arena's memfd)
         self.exchange_dir = exchange_dir
         self.log_path = log_path
+        self.log_fd = log_fd  # the judge's own reading descriptor of the log, open from before the worker started
         self.isolation = isolation
 
     @classmethod
@@ -61,13 +63,18 @@ class WorkerProcess:
         fd_socket, worker_socket = fd_socket_pair()
         passed = (to_worker, from_worker, worker_socket.fileno())
         command = sandbox.worker_command(isolation, spec, "flashbench.run.worker", [str(fd) for fd in passed])
+        log_fd = None
         try:
             with open(log_path, "ab") as log:
+                # Held open while the worker lives and read through: the judge never opens the log again,
+                # which would wait for the worker if it held a lease on it (F_SETLEASE, refused while
+                # another descriptor is open).
+                log_fd = os.open(log_path, os.O_RDONLY | os.O_CLOEXEC)
                 process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                            pass_fds=passed, env=_environment(setup, build_dir),
                                            start_new_session=True, preexec_fn=_dies_with_this_thread())
         except BaseException:
-            for fd in (to_judge, from_judge):
+            for fd in (to_judge, from_judge) if log_fd is None else (to_judge, from_judge, log_fd):
                 os.close(fd)
             fd_socket.close()
             raise
@@ -75,7 +82,7 @@ class WorkerProcess:
             os.close(to_worker)
             os.close(from_worker)
             worker_socket.close()
-        worker = cls(process, Channel(to_judge, from_judge), exchange, log_path, isolation, fd_socket)
+        worker = cls(process, Channel(to_judge, from_judge), exchange, log_path, isolation, fd_socket, log_fd)
         worker.channel.send(setup)  # read before any solution code is imported
         os.set_blocking(from_judge, False)  # from here on, every request has a deadline (Channel.send)
         return worker
@@ -142,20 +149,35 @@ class WorkerProcess:
         judge times its own harness steps, a worker that spends the host's CPUs then would make the steps
         look dearer and its own calls, with them subtracted, cheaper. Its queued GPU work runs on."""
         worker = sandbox.worker_pid(self.process.pid, self.isolation) if self.process.poll() is None else None
-        stopped = [worker, *self.leftovers()] if worker is not None else []
-        for pid in stopped:
-            _signal(pid, signal.SIGSTOP)
+        stopped = self._stop_sandbox(worker) if worker is not None else []
         try:
             yield
         finally:
             for pid in stopped:
                 _signal(pid, signal.SIGCONT)
 
+    def _stop_sandbox(self, worker: int) -> list[int]:
+        """Stops the worker, then whatever the sandbox holds, until a listing finds nothing not yet stopped:
+        a process that forks between a listing and its SIGSTOP shows in the next listing, and a stopped one
+        forks no more. Bounded: what a sandbox forking faster than the listings could add to the judge's steps
+        is capped where their clean cost is known (CleanSteps)."""
+        stopped = [worker]
+        _signal(worker, signal.SIGSTOP)
+        for _ in range(STOP_ROUNDS):
+            new = [pid for pid in self.leftovers() if pid not in stopped]
+            if not new:
+                break
+            for pid in new:
+                _signal(pid, signal.SIGSTOP)
+            stopped += new
+        return stopped
+
     def log_tail(self) -> str:
+        if self.log_fd is None:
+            return ""
         try:
-            with open(self.log_path, "rb") as log:
-                log.seek(max(os.fstat(log.fileno()).st_size - LOG_TAIL_BYTES, 0))
-                return log.read(LOG_TAIL_BYTES).decode(errors="replace")
+            start = max(os.fstat(self.log_fd).st_size - LOG_TAIL_BYTES, 0)
+            return os.pread(self.log_fd, LOG_TAIL_BYTES, start).decode(errors="replace")
         except OSError:
             return ""
 
@@ -176,6 +198,9 @@ class WorkerProcess:
             self.fd_socket.close()  # an arena sent and never taken goes with it
         sandbox.remove_tree(self.exchange_dir)
         self.log_path.unlink(missing_ok=True)
+        if self.log_fd is not None:
+            os.close(self.log_fd)
+            self.log_fd = None
 
 
 def _dies_with_this_thread():

@@ -41,10 +41,17 @@ def solution_file(definition, name, file="kernel.py") -> Path:
     return load_solution_folder(SOLUTIONS / definition / name).files[file]
 
 
-def load_module(name, path):
+def load_module(name, path, folder: Path | None = None):
+    """The module at `path`; when it is a solution's file, `folder` is that solution's folder, whose
+    files and its shared folders' it imports as siblings (as the staged copy lets it)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    search = sorted({str(file.parent) for file in load_solution_folder(folder).files.values()}) if folder else []
+    sys.path[:0] = search
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.path[:len(search)]
     return module
 
 

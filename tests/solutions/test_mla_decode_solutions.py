@@ -60,7 +60,7 @@ def make_inputs(kv_lens, seed, num_pages=300):
 def check_triton_cases():
     """Runs in the child process, under the interpreter: all cases and configs, one JSON line."""
     reference = load_module("decode_reference", REFERENCE)
-    kernel = load_module("decode_triton_splitkv", TRITON_KERNEL)
+    kernel = load_module("decode_triton_splitkv", TRITON_KERNEL, TRITON_KERNEL.parent)
     results = {}
     for seed, (name, kv_lens) in enumerate(CASES.items()):
         inputs = make_inputs(kv_lens, seed)

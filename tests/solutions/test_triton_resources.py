@@ -108,7 +108,7 @@ def launches_on_a_real_shape(folder: Path, monkeypatch) -> tuple[str, list[tuple
         shapes = output_shapes(definition, bind_axes(definition, inputs))
         args += [torch.empty(shape, dtype=torch_dtype(definition.outputs[name].dtype), device="meta")
                  for name, shape in shapes.items()]
-    module = load_module(f"triton_resources_{folder.parent.name}_{folder.name}", loaded.entry_path)
+    module = load_module(f"triton_resources_{folder.parent.name}_{folder.name}", loaded.entry_path, folder)
     return workload.name, record_launches(lambda: getattr(module, solution.entry_function)(*args))
 
 

@@ -63,7 +63,7 @@ def left_in(work_root: Path) -> list[str]:
 
 
 def running(pid: int | None) -> bool:
-    return pid is not None and sandbox._state(pid) not in (None, "Z")
+    return pid is not None and sandbox._alive(pid)
 
 
 def ended(pid: int | None, patience_s: float = 20.0) -> bool:
@@ -298,7 +298,7 @@ def test_a_paused_worker_spends_no_cpu_and_runs_on_afterwards(start, isolation):
         time.sleep(0.2)  # the stop takes effect
         before = cpu_ticks(pid)
         time.sleep(0.5)
-        assert cpu_ticks(pid) == before and sandbox._state(pid) == "T"
+        assert cpu_ticks(pid) == before and sandbox._stat_fields(pid)[0] == "T"
     time.sleep(0.5)
     assert cpu_ticks(pid) > before  # going again
     assert isinstance(worker.ask(Probe(), 60), Ready)

@@ -41,6 +41,7 @@ UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-ch
            "--net", "--ipc"]
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REAP_TIMEOUT_S = 10.0
+DEAD_STATES = ("Z", "X")  # /proc/PID/stat states of a thread that has ended
 
 # Covered by fresh tmpfs inside: whatever the worker needs from under them is bound back.
 COVERED = ("/tmp", "/dev/shm")
@@ -79,6 +80,27 @@ AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 REMOUNT_KEPT_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
                         "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+
+
+# seccomp (linux/seccomp.h, linux/filter.h, linux/audit.h; x86-64 syscall numbers).
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+AUDIT_ARCH_X86_64, X32_SYSCALL_BIT = 0xC000003E, 0x40000000
+BPF_AND_K = 0x54
+# (syscall number, conditions (argument, mask or None, value) that must all hold, errno returned): every
+# way a process can have SIGCONT sent (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
+# pidfd_send_signal; fcntl F_SETSIG, prctl PR_SET_PDEATHSIG, clone's exit signal), and ptrace. clone3 takes
+# its exit signal in memory a filter cannot read: ENOSYS makes the C library fall back to clone.
+SECCOMP_RULES = [
+    *((number, [(argument, None, signal.SIGCONT)], errno.EPERM)
+      for number, argument in ((62, 1), (200, 1), (234, 2), (129, 1), (297, 2), (424, 1))),
+    (72, [(1, None, 10), (2, None, signal.SIGCONT)], errno.EPERM),  # fcntl(fd, F_SETSIG, SIGCONT)
+    (157, [(0, None, 1), (1, None, signal.SIGCONT)], errno.EPERM),  # prctl(PR_SET_PDEATHSIG, SIGCONT)
+    (56, [(0, 0xFF, signal.SIGCONT)], errno.EPERM),  # clone with SIGCONT as the exit signal
+    (435, [], errno.ENOSYS),  # clone3
+    (101, [], errno.EPERM),  # ptrace
+]
 
 
 class SandboxError(Exception):
@@ -172,6 +194,59 @@ def enter(spec: SandboxSpec, isolation: str) -> None:
     else:
         raise ValueError(f"unknown isolation level {isolation!r}")
     _set_limits(spec)
+    _refuse_resuming()
+
+
+def _refuse_resuming() -> None:
+    """A seccomp filter, for the worker and all it starts: no SIGCONT to any process, by any call that
+    sends one or has the kernel send one (SECCOMP_RULES), and no ptrace. The judge stops the sandbox's processes while it times its own steps; one of them left
+    running, or started between the judge's listing and its signals, could otherwise resume the
+    others (or, tracing them, keep SIGSTOP from them). x86-64 only: elsewhere nothing is filtered
+    (docs/threat_model.md)."""
+    if os.uname().machine != "x86_64":
+        return
+    program = _seccomp_program()
+    filters = (_SockFilter * len(program))(*(_SockFilter(*instruction) for instruction in program))
+    fprog = _SockFprog(len(program), filters)
+    _call("prctl(PR_SET_NO_NEW_PRIVS)", _libc().prctl, ctypes.c_int(PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1),
+          ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    _call("prctl(PR_SET_SECCOMP)", _libc().prctl, ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
+          ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0))
+
+
+def _seccomp_program() -> list[tuple[int, int, int, int]]:
+    """Classic BPF over struct seccomp_data (nr at 0, arch at 4, argument i's low word at 16 + 8 * i): the x32
+    ABI refused; each of SECCOMP_RULES answered with its action where all its conditions hold; the rest
+    allowed."""
+    program = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 1, 0, AUDIT_ARCH_X86_64), (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+               (BPF_LD_W_ABS, 0, 0, 0), (BPF_JGE_K, 0, 1, X32_SYSCALL_BIT), (BPF_RET_K, 0, 0, _refusal(errno.EPERM))]
+    for number, conditions, refusal in SECCOMP_RULES:
+        checks = []
+        for argument, mask, value in conditions:
+            checks.append((BPF_LD_W_ABS, 0, 0, 16 + 8 * argument))
+            if mask is not None:
+                checks.append((BPF_AND_K, 0, 0, mask))
+            checks.append((BPF_JEQ_K, 0, "allow", value))
+        rule = checks + [(BPF_RET_K, 0, 0, _refusal(refusal))]
+        program.append((BPF_JEQ_K, 0, len(rule) + 1, number))  # not this syscall: past the rule and the reload
+        program += rule
+        program.append((BPF_LD_W_ABS, 0, 0, 0))  # the syscall number again, for the next rule
+    allow = len(program)
+    resolved = [(code, jt, allow - index - 1 if jf == "allow" else jf, k)
+                for index, (code, jt, jf, k) in enumerate(program)]
+    return resolved + [(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW)]
+
+
+def _refusal(error: int) -> int:
+    return SECCOMP_RET_ERRNO | error
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
 def _leave_session() -> None:
@@ -494,13 +569,13 @@ def worker_pid(pid: int, isolation: str) -> int | None:
     """The host PID of the worker started as `pid` (the Popen pid): at the namespaces level the child of
     `unshare`, which is the init of the PID namespace; None when it is not running."""
     if isolation == "process":
-        return pid if _state(pid) not in (None, "Z") else None
+        return pid if _alive(pid) else None
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as children:
             candidates = [int(child) for child in children.read().split()]
     except OSError:
         return None
-    return next((child for child in candidates if _state(child) not in (None, "Z")), None)
+    return next((child for child in candidates if _alive(child)), None)
 
 
 def sandbox_processes(pid: int, isolation: str) -> list[int]:
@@ -598,29 +673,51 @@ def _reap(process: subprocess.Popen) -> None:
         pass
 
 
+def is_stopped(pid: int) -> bool:
+    """No thread of the process runs: each is stopped (by a signal, or traced) or ended."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    states = [fields[0] for fields in (_stat_fields(pid, int(tid)) for tid in threads) if fields is not None]
+    return all(state in ("T", "t", *DEAD_STATES) for state in states)
+
+
 def _live_processes() -> dict[int, int]:
-    """PID -> process group of every process on the host that is not a zombie."""
+    """PID -> process group of every live process on the host."""
     groups = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
-            stat = _stat_fields(int(name))
-            if stat is not None and stat[0] not in ("Z", "X"):
-                groups[int(name)] = int(stat[2])
+            fields = _stat_fields(int(name))
+            if fields is not None and _alive(int(name), fields):
+                groups[int(name)] = int(fields[2])
     return groups
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name: state, ppid, pgrp, ..."""
+def _alive(pid: int, fields: list[str] | None = None) -> bool:
+    """Not a zombie; or a zombie only in its main thread, which ended on its own while other threads of
+    the process run on (its /proc/PID/stat reads Z): such a process is alive and must be found."""
+    fields = fields if fields is not None else _stat_fields(pid)
+    if fields is None:
+        return False
+    if fields[0] not in DEAD_STATES:
+        return True
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rpartition(b")")[2].decode().split()
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    return any((_stat_fields(pid, int(tid)) or DEAD_STATES)[0] not in DEAD_STATES for tid in threads if tid != str(pid))
+
+
+def _stat_fields(pid: int, tid: int | None = None) -> list[str] | None:
+    """The fields of /proc/PID/stat (of one of its threads: /proc/PID/task/TID/stat) after the command name:
+    state, ppid, pgrp, ..."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    try:
+        with open(path, "rb") as stat_file:
+            return stat_file.read().rpartition(b")")[2].decode().split()
     except OSError:
         return None
-
-
-def _state(pid: int) -> str | None:
-    stat = _stat_fields(pid)
-    return stat[0] if stat else None
 
 
 def _pid_namespace(pid: int) -> str | None:

@@ -157,20 +157,21 @@ class WorkerProcess:
                 _signal(pid, signal.SIGCONT)
 
     def _stop_sandbox(self, worker: int) -> list[int]:
-        """Stops the worker, then whatever the sandbox holds, until a listing finds nothing not yet stopped:
-        a process that forks between a listing and its SIGSTOP shows in the next listing, and a stopped one
-        forks no more. Bounded: what a sandbox forking faster than the listings could add to the judge's steps
-        is capped where their clean cost is known (CleanSteps)."""
-        stopped = [worker]
-        _signal(worker, signal.SIGSTOP)
+        """Stops the worker and whatever its sandbox holds, listing and stopping until one listing finds every
+        process stopped: a process forked between a listing and its SIGSTOP shows in the next one, and no
+        process of the sandbox can resume another (the sandbox's seccomp filter refuses SIGCONT and ptrace).
+        Bounded: a sandbox that keeps forking faster than the listings is left partly running, and what it
+        adds to the judge's steps is capped where their clean cost is known (CleanSteps)."""
+        stopped = set()
         for _ in range(STOP_ROUNDS):
-            new = [pid for pid in self.leftovers() if pid not in stopped]
-            if not new:
+            members = [worker, *self.leftovers()]
+            running = [pid for pid in members if not sandbox.is_stopped(pid)]
+            stopped.update(members)
+            if not running:
                 break
-            for pid in new:
+            for pid in running:
                 _signal(pid, signal.SIGSTOP)
-            stopped += new
-        return stopped
+        return sorted(stopped)
 
     def log_tail(self) -> str:
         if self.log_fd is None:

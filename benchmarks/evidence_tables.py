@@ -66,6 +66,7 @@ from typing import get_args
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
+from flashbench.build import same_content  # noqa: E402
 from flashbench.errors import FlashbenchError  # noqa: E402
 from flashbench.leaderboard.board import BASELINE_TAG, is_timed  # noqa: E402
 from flashbench.leaderboard.results import current_results, solution_hashes, traces_frame, with_speed_of_light  # noqa: E402
@@ -241,7 +242,7 @@ def peers_table(traces: list[Trace], workloads: list[Workload], calibration: Cal
             return NONE
         trace = latest[found[0], workload.uuid]
         now = (hashes or {}).get(trace.solution)
-        stale = " (stale)" if now is not None and now != trace.solution_hash else ""
+        stale = " (stale)" if now is not None and not same_content(trace.solution_hash, now) else ""
         return f"{found[0]}{stale}, {found[1]:.1f}"
 
     rows, speeds = [], []
@@ -304,8 +305,8 @@ def moved_table(old: list[Trace], new: list[Trace], workloads: list[Workload]) -
     rows = [[s, w, us(x), us(y), f"{c:+.1f}"] for (s, w, x, y), c in zip(pairs, changes)]
     hashes = [{t.solution: t.solution_hash for t in traces} for traces in (old, new)]  # the newest of each
     both = [s for s in hashes[0] if s in hashes[1]]
-    changed = [f"{s} ({hashes[0][s][:8]} → {hashes[1][s][:8]})" for s in both if hashes[0][s] != hashes[1][s]]
-    same = [s for s in both if hashes[0][s] == hashes[1][s]]
+    same = [s for s in both if same_content(hashes[0][s], hashes[1][s])]
+    changed = [f"{s} ({hashes[0][s][:8]} → {hashes[1][s][:8]})" for s in both if s not in same]
     return (markdown(["solution", "workload", "old µs", "new µs", "change %"], rows) + "\n\n"
             + spread([(abs(c), f"{s} {w}") for (s, w, _, _), c in zip(pairs, changes)], "|change|") + "\n\n"
             + f"Content hash changed (the folder changed, not only the method): {', '.join(changed) or 'none'}; "

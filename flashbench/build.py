@@ -149,6 +149,10 @@ def read_file(path: Path) -> bytes:
     return data
 
 
+# Hex digits of SHA-256 a content hash keeps: 128 bits, so that two folders with one hash cannot be made
+# (64 bits, the earlier form, LEGACY_HASH_LENGTH, took minutes of two cores' time to collide).
+HASH_LENGTH = 32
+LEGACY_HASH_LENGTH = 16
 _REFUSED_LINK = b"\0a link walk_folder refuses\0"  # what such a link counts as in the hash
 
 
@@ -170,7 +174,13 @@ def files_hash(files: Mapping[str, Path]) -> str:
     else:
         for path, data in entries:
             digest.update(path + b"\0" + data + b"\0")
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()[:HASH_LENGTH]
+
+
+def same_content(recorded: str, current: str) -> bool:
+    """Whether a recorded content hash names the content whose hash is `current`: equal, or a record of the
+    64-bit form whose hash is the start of the current one (the same SHA-256)."""
+    return recorded == current or (len(recorded) == LEGACY_HASH_LENGTH and current.startswith(recorded))
 
 
 

@@ -54,7 +54,7 @@ def test_a_folder_without_nul_bytes_keeps_the_plain_hash(tmp_path):
 
     (tmp_path / "kernel.py").write_text("x = 1\n")
     (tmp_path / "util.py").write_text("y = 2\n")
-    plain = hashlib.sha256(b"kernel.py\0x = 1\n\0util.py\0y = 2\n\0").hexdigest()[:16]
+    plain = hashlib.sha256(b"kernel.py\0x = 1\n\0util.py\0y = 2\n\0").hexdigest()[:32]
     assert content_hash(tmp_path) == plain
 
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from flashbench import FlashbenchError, Repo, validate
-from flashbench.build import content_hash, folder_files, folder_problem
+from flashbench.build import content_hash, folder_files, folder_problem, same_content
 from flashbench.registry import find_root, load_solution_folder
 from flashbench.run import RunOptions, Runner, install_solution, select_workloads
 from flashbench.run.plan import stage_solution
@@ -362,8 +362,9 @@ def test_the_content_hash_covers_shared_files(root):
 
 
 def test_the_hash_of_a_folder_is_what_it_was(root):
-    """Without shared folders a solution's hash is the hash of its folder's files as it always was
-    (a change of scheme would make every recorded trace stale)."""
+    """Without shared folders a solution's hash is the hash of its folder's files as it always was, now
+    kept to 128 bits: a record of the 64-bit form still names the same content (a change of scheme
+    would make every recorded trace stale)."""
     path = add_solution(root, DECODE, DECODE)
     (path / "sub").mkdir()
     (path / "sub" / "b.cu").write_text("// b\n")
@@ -371,7 +372,23 @@ def test_the_hash_of_a_folder_is_what_it_was(root):
     digest = hashlib.sha256()
     for name in ("kernel.py", "solution.yaml", "sub/b.cu"):
         digest.update(name.encode() + b"\0" + (path / name).read_bytes() + b"\0")
-    assert content_hash(path) == load_solution_folder(path).content_hash() == digest.hexdigest()[:16]
+    assert content_hash(path) == load_solution_folder(path).content_hash() == digest.hexdigest()[:32]
+    assert same_content(digest.hexdigest()[:16], content_hash(path))
+    assert not same_content(digest.hexdigest()[:16], "0" * 32) and not same_content(content_hash(path)[:20],
+                                                                                    content_hash(path))
+
+
+def test_two_folders_made_to_share_a_hash_run_their_own_files(root, tmp_path, monkeypatch):
+    """A staged folder is used again only while it holds the same files: its name, a hash, is not trusted."""
+    import flashbench.run.plan as plan
+
+    first, second = add_solution(root, DECODE, DECODE, "first"), add_solution(root, DECODE, DECODE, "second")
+    (second / "kernel.py").write_text("def run(*args):\n    return None  # wrong\n")
+    monkeypatch.setattr(plan, "content_hash", lambda folder: "f" * 32)  # a collision, made
+    staged_first = stage_solution(load_solution_folder(first), tmp_path / "staged")
+    first_kernel = (staged_first / "kernel.py").read_bytes()
+    staged_second = stage_solution(load_solution_folder(second), tmp_path / "staged")
+    assert (staged_second / "kernel.py").read_bytes() == (second / "kernel.py").read_bytes() != first_kernel
 
 
 def test_the_staged_folder_holds_every_file_under_its_hash(root, tmp_path):

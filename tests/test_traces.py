@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from flashbench import FlashbenchError, Repo
+from flashbench.build import HASH_LENGTH
 from flashbench.model import OutputError, Trace
 from flashbench.model.trace import printable_line
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
@@ -51,7 +52,7 @@ def test_trace_keys(recorded):
         assert TRACE_KEYS <= set(record), TRACE_KEYS - set(record)
         assert record["definition"] == DEFINITION
         assert record["workload"] == "810323f4-6465-4c15-a87f-4d0946faba69" and record["workload_name"] == "smoke_mixed"
-        assert len(record["solution_hash"]) == 16
+        assert len(record["solution_hash"]) == HASH_LENGTH
         assert record["hardware"] == record["environment"]["hardware"]
         assert record["environment"]["device"] == "cpu" and record["environment"]["torch"]
         assert record["timestamp"].endswith("+00:00")

@@ -7,6 +7,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from ..build import same_content
 from ..model import Calibration, Performance, Trace
 from ..registry import Repo
 from ..traces import hardware_slug, read_traces, trace_file_name, trace_path
@@ -106,8 +107,9 @@ def mark_stale(frame: pd.DataFrame, current_hashes: Mapping[str, str] | None) ->
     in_repository: the trace measured what the repository's folder of its name holds now, manifest and tags
     included (they are hashed): only such a result may be a board's baseline by its tag."""
     current = frame["solution"].map(current_hashes or {})
-    return frame.assign(stale=current.notna() & (current != frame["solution_hash"]),
-                        in_repository=current == frame["solution_hash"])
+    same = pd.Series([isinstance(now, str) and same_content(recorded, now)
+                      for recorded, now in zip(frame["solution_hash"], current)], index=frame.index, dtype=bool)
+    return frame.assign(stale=current.notna() & ~same, in_repository=same)
 
 
 def latest_results(frame: pd.DataFrame) -> pd.DataFrame:

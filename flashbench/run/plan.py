@@ -7,7 +7,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..build import CACHE_DIR_NAME, FolderError, content_hash, is_documentation, read_file, walk_folder
+from ..build import CACHE_DIR_NAME, HASH_LENGTH, FolderError, content_hash, is_documentation, read_file, walk_folder
 from ..errors import FlashbenchError
 from ..model import REFERENCE, Definition, Solution, Workload
 from ..model.solution import SHARED_FOLDER
@@ -115,7 +115,7 @@ def _candidate(folder: SolutionFolder, cache_dir: Path) -> Candidate:
     try:
         return solution_candidate(folder, cache_dir)
     except FolderError as exc:
-        digest = hashlib.sha256(f"{folder.solution.name}\0{exc.message}".encode()).hexdigest()[:16]
+        digest = hashlib.sha256(f"{folder.solution.name}\0{exc.message}".encode()).hexdigest()[:HASH_LENGTH]
         return Candidate(folder.path, folder.solution, digest, problem=exc.message)
 
 
@@ -131,7 +131,7 @@ def stage_solution(folder: SolutionFolder, into: Path) -> Path:
     """Copies every file of the solution, its shared folders' included, into one folder, into/<content
     hash>, and returns it: the sandbox lets the worker read that folder alone, and imports and #includes
     find the files side by side, at the paths they are hashed by. A folder staged before is used again
-    while its content is still what its name says. FolderError for a folder the judge will not read;
+    while it holds the same files, byte for byte. FolderError for a folder the judge will not read;
     the staging folder is removed whatever happens."""
     into.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=into))
@@ -140,24 +140,34 @@ def stage_solution(folder: SolutionFolder, into: Path) -> Path:
         for source in folder.folders:
             _copy_into(source, staging)
         target = into / content_hash(staging)
-        if _is_staged(target):
+        if _holds_the_same(target, staging):
             return target
         shutil.rmtree(target, ignore_errors=True)
         try:
             staging.rename(target)
         except OSError:
-            if not _is_staged(target):  # else another run staged the same content meanwhile
+            if not _holds_the_same(target, staging):  # else another run staged the same content meanwhile
                 raise
         return target
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already once renamed
 
 
-def _is_staged(target: Path) -> bool:
-    try:
-        return target.is_dir() and content_hash(target) == target.name
-    except FolderError:  # changed since it was staged: staged afresh
-        return False
+def _holds_the_same(target: Path, staging: Path) -> bool:
+    """A folder staged before holds the same files, byte for byte, as the one staged now: its name, a hash,
+    is not taken on trust (two folders made to share a hash would run each other's code)."""
+    return target.is_dir() and _snapshot(target) == _snapshot(staging)
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[str, bytes | str]]:
+    """Every file of a staged folder by relative path: its bytes, or where a link leads."""
+    found = {}
+    for root, directories, files in os.walk(folder):
+        for name in files + [d for d in directories if os.path.islink(os.path.join(root, d))]:
+            path = os.path.join(root, name)
+            relative = os.path.relpath(path, folder)
+            found[relative] = ("link", os.readlink(path)) if os.path.islink(path) else ("file", Path(path).read_bytes())
+    return found
 
 
 def _copy_into(source: Path, staging: Path, documentation: bool = False) -> None:
@@ -190,7 +200,7 @@ def reference_candidate(repo: Repo, definition: Definition, cache_dir: Path) -> 
     source = (repo.root / definition.reference).read_text() if definition.reference_is_path else definition.reference
     if definition.evaluator.kind == "sampling":  # its reference returns distributions: as a candidate it samples them
         source += reference_sampler_source(definition)
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(source.encode()).hexdigest()[:HASH_LENGTH]
     folder = cache_dir / "reference-solutions" / definition.name / digest
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "reference.py").write_text(source)

@@ -171,6 +171,7 @@ class Session:
 # What a worker may report of its own failure once a job is open: its call failed, or its outputs are
 # malformed. Anything else (a build or device failure) is a claim it has no business making there.
 JOB_FAILURES = frozenset({"INCORRECT_SHAPE", "INCORRECT_DTYPE", "RUNTIME_ERROR", "REJECTED"})
+PAUSE_ATTEMPTS = 3  # tries at stopping the sandbox for one batch's steps before the pair is REJECTED
 
 
 def reported_failure(reply: Failed, log: str, worker_usable: bool) -> "_Stop":
@@ -248,9 +249,20 @@ class _Job:
             labels = {k: f"timed call {b * size + k + 1} of {batches * size}" for k in picked.get(b, [])}
             batch_ms, batch = self.batch(calls, timed=True, graph=settings.graph, picked=labels)
             self.times.batch_ms.append(batch_ms)
-            with self.worker.paused():
-                self.times.baseline_ms.append(baseline.time_ms(batch))
+            self.times.baseline_ms.append(self.steps_ms(baseline, batch))
             self.times.batch_sizes.append(size)
+
+    def steps_ms(self, baseline: Baseline, batch: Batch) -> float:
+        """The judge's own time for the batch's steps, taken while the worker's sandbox is stopped: a process
+        of it left running then would make the steps look dearer and the solution's calls, with them
+        subtracted, cheaper. A sandbox not found stopped is tried again, then REJECTED."""
+        for _ in range(PAUSE_ATTEMPTS):
+            with self.worker.paused() as all_stopped:
+                reading = baseline.time_ms(batch)
+            if all_stopped:
+                return reading
+        raise _Stop(self.rejected("its sandbox could not be stopped while the judge timed its own steps: a "
+                                  "process of it kept running (forking, or held in the kernel)"))
 
     def batch_size(self, step_ms: float) -> int:
         """Calls in a batch that lasts the target, given the time of one call with its steps."""

@@ -145,33 +145,34 @@ class WorkerProcess:
 
     @contextlib.contextmanager
     def paused(self):
-        """The worker and everything in its sandbox stopped (SIGSTOP, every thread) for the block: while the
+        """The worker and everything in its sandbox stopped (SIGSTOP, every thread) for the block, which gets
+        whether every process was found stopped: while the
         judge times its own harness steps, a worker that spends the host's CPUs then would make the steps
         look dearer and its own calls, with them subtracted, cheaper. Its queued GPU work runs on."""
         worker = sandbox.worker_pid(self.process.pid, self.isolation) if self.process.poll() is None else None
-        stopped = self._stop_sandbox(worker) if worker is not None else []
+        stopped, all_stopped = self._stop_sandbox(worker) if worker is not None else ([], True)
         try:
-            yield
+            yield all_stopped
         finally:
             for pid in stopped:
                 _signal(pid, signal.SIGCONT)
 
-    def _stop_sandbox(self, worker: int) -> list[int]:
+    def _stop_sandbox(self, worker: int) -> tuple[list[int], bool]:
         """Stops the worker and whatever its sandbox holds, listing and stopping until one listing finds every
         process stopped: a process forked between a listing and its SIGSTOP shows in the next one, and no
         process of the sandbox can resume another (the sandbox's seccomp filter refuses SIGCONT and ptrace).
-        Bounded: a sandbox that keeps forking faster than the listings is left partly running, and what it
-        adds to the judge's steps is capped where their clean cost is known (CleanSteps)."""
+        The processes signalled, and whether all were found stopped: a thread kept in the kernel (a long
+        madvise) or a sandbox forking faster than STOP_ROUNDS listings is not."""
         stopped = set()
         for _ in range(STOP_ROUNDS):
             members = [worker, *self.leftovers()]
             running = [pid for pid in members if not sandbox.is_stopped(pid)]
             stopped.update(members)
             if not running:
-                break
+                return sorted(stopped), True
             for pid in running:
                 _signal(pid, signal.SIGSTOP)
-        return sorted(stopped)
+        return sorted(stopped), False
 
     def log_tail(self) -> str:
         if self.log_fd is None:

@@ -132,7 +132,9 @@ class Registry(Repo):
         cache_dir = self.root / CACHE_DIR_NAME
         loaded = solution_candidate(folder, cache_dir)  # the folder, staged with its shared files, as a worker loads it
         try:
-            function = load_entry_point(loaded.folder, loaded.solution, cache_dir / "build" / loaded.hash)
+            # Built apart from the workers' build directories, which a worker writes: what this process
+            # loads must come from the hashed files alone.
+            function = load_entry_point(loaded.folder, loaded.solution, cache_dir / "build-in-process" / loaded.hash)
         except BuildError as exc:
             raise FlashbenchError(f"cannot load solution {folder.solution.name}: {exc}", folder.path / "solution.yaml",
                                   "entry_point") from None

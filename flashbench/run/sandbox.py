@@ -215,10 +215,10 @@ def _refuse_resuming() -> None:
 
 
 def _seccomp_program() -> list[tuple[int, int, int, int]]:
-    """Classic BPF over struct seccomp_data (nr at 0, arch at 4, argument i's low word at 16 + 8 * i): the x32
-    ABI refused; each of SECCOMP_RULES answered with its action where all its conditions hold; the rest
+    """Classic BPF over struct seccomp_data (nr at 0, arch at 4, argument i's low word at 16 + 8 * i): every
+    call through another ABI refused (i386's `int 0x80`, whose numbers differ, and x32's); each of SECCOMP_RULES answered with its action where all its conditions hold; the rest
     allowed."""
-    program = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 1, 0, AUDIT_ARCH_X86_64), (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+    program = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 1, 0, AUDIT_ARCH_X86_64), (BPF_RET_K, 0, 0, _refusal(errno.EPERM)),
                (BPF_LD_W_ABS, 0, 0, 0), (BPF_JGE_K, 0, 1, X32_SYSCALL_BIT), (BPF_RET_K, 0, 0, _refusal(errno.EPERM))]
     for number, conditions, refusal in SECCOMP_RULES:
         checks = []

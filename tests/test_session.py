@@ -249,7 +249,7 @@ def test_timed_batches_are_sized_by_an_untimed_batch_of_about_the_targets_length
         return 1.0 * len(calls), None  # 1 ms a call
 
     monkeypatch.setattr(stand_in, "batch", batch)
-    stand_in.worker.paused = lambda: contextlib.nullcontext(True)
+    stand_in.worker.paused = lambda: contextlib.nullcontext(SimpleNamespace(held=True))
     baseline = SimpleNamespace(time_ms=lambda batch: 0.0)
     stand_in.timed_batches(baseline, step_ms)
     if sizing:
@@ -272,18 +272,19 @@ def test_a_slow_call_runs_what_fits_in_the_budget_and_never_fewer_than_min_batch
         return 25.0 * len(calls), None
 
     monkeypatch.setattr(stand_in, "batch", batch)
-    stand_in.worker.paused = lambda: contextlib.nullcontext(True)
+    stand_in.worker.paused = lambda: contextlib.nullcontext(SimpleNamespace(held=True))
     stand_in.timed_batches(SimpleNamespace(time_ms=lambda batch: 0.0), 25.0)
     assert ran == [1] * batches and stand_in.times.batch_sizes == [1] * batches
 
 
 @pytest.mark.parametrize("stops_on", [1, 3, None])
 def test_the_steps_are_timed_only_with_the_sandbox_stopped(stops_on):
-    """A sandbox not found stopped (a process of it held in the kernel, or forking) would slow the judge's
-    own steps: the reading is taken again, and a sandbox never stopped in PAUSE_ATTEMPTS tries is REJECTED."""
+    """A sandbox that did not stay stopped (a process of it held in the kernel, forking, or resumed) would slow
+    the judge's own steps: the reading is taken again, and after PAUSE_ATTEMPTS tries the pair is REJECTED."""
     stand_in = job()
     attempts, readings = [], iter([5.0, 4.0, 3.0])
-    stand_in.worker.paused = lambda: (attempts.append(1), contextlib.nullcontext(len(attempts) == stops_on))[1]
+    stand_in.worker.paused = lambda: (attempts.append(1),
+                                      contextlib.nullcontext(SimpleNamespace(held=len(attempts) == stops_on)))[1]
     baseline = SimpleNamespace(time_ms=lambda batch: next(readings))
     if stops_on is None:
         with pytest.raises(_Stop) as stopped:

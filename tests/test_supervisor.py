@@ -288,17 +288,24 @@ def cpu_ticks(pid: int) -> int:
 
 
 @pytest.mark.parametrize("isolation", LEVELS)
-def test_a_paused_worker_spends_no_cpu_and_runs_on_afterwards(start, isolation):
+def test_a_paused_worker_spends_no_cpu_and_runs_on_afterwards(start, isolation, monkeypatch):
     """A worker that burns the host's CPUs from a thread while the judge times its own steps would make
-    them look dearer: paused, none of its threads runs."""
+    them look dearer: paused, none of its threads runs, and the pause says it held; CPU time given to the
+    sandbox during a pause says it did not."""
     worker = start(BUSY_THREAD, isolation)
     assert isinstance(worker.ask(Build(), 120), Ready)  # imported: the thread spins
     pid = sandbox.worker_pid(worker.process.pid, isolation)
-    with worker.paused():
+    with worker.paused() as pause:
         time.sleep(0.2)  # the stop takes effect
         before = cpu_ticks(pid)
         time.sleep(0.5)
         assert cpu_ticks(pid) == before and sandbox._stat_fields(pid)[0] == "T"
+    assert pause.held
     time.sleep(0.5)
     assert cpu_ticks(pid) > before  # going again
+    readings = iter([1, 2])  # CPU time given to the sandbox during the block: it did not stay stopped
+    monkeypatch.setattr(sandbox, "cpu_time_ns", lambda pids: next(readings))
+    with worker.paused() as pause:
+        pass
+    assert not pause.held
     assert isinstance(worker.ask(Probe(), 60), Ready)

@@ -683,6 +683,26 @@ def is_stopped(pid: int) -> bool:
     return all(state in ("T", "t", *DEAD_STATES) for state in states)
 
 
+def cpu_time_ns(pids: list[int]) -> int:
+    """The CPU time the processes' threads have had so far, together (ns; /proc/PID/task/TID/schedstat,
+    else utime and stime in clock ticks): a stopped process gets none."""
+    total = 0
+    for pid in pids:
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as schedstat:
+                    total += int(schedstat.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                fields = _stat_fields(pid, int(tid))
+                if fields is not None:
+                    total += (int(fields[11]) + int(fields[12])) * 10**9 // os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def _live_processes() -> dict[int, int]:
     """PID -> process group of every live process on the host."""
     groups = {}

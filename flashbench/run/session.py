@@ -255,14 +255,14 @@ class _Job:
     def steps_ms(self, baseline: Baseline, batch: Batch) -> float:
         """The judge's own time for the batch's steps, taken while the worker's sandbox is stopped: a process
         of it left running then would make the steps look dearer and the solution's calls, with them
-        subtracted, cheaper. A sandbox not found stopped is tried again, then REJECTED."""
+        subtracted, cheaper. A sandbox that did not stay stopped throughout is tried again, then REJECTED."""
         for _ in range(PAUSE_ATTEMPTS):
-            with self.worker.paused() as all_stopped:
+            with self.worker.paused() as pause:
                 reading = baseline.time_ms(batch)
-            if all_stopped:
+            if pause.held:
                 return reading
         raise _Stop(self.rejected("its sandbox could not be stopped while the judge timed its own steps: a "
-                                  "process of it kept running (forking, or held in the kernel)"))
+                                  "process of it kept running (forking, held in the kernel, or resumed)"))
 
     def batch_size(self, step_ms: float) -> int:
         """Calls in a batch that lasts the target, given the time of one call with its steps."""

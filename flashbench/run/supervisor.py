@@ -29,6 +29,13 @@ class WorkerGone(Exception):
         self.log = log
 
 
+class Pause:
+    """What WorkerProcess.paused found: `held`, whether the sandbox stayed stopped for the whole block."""
+
+    def __init__(self):
+        self.held = False
+
+
 class WorkerProcess:
     """One worker in its sandbox, for one solution on one device. A crash, hang or OOM ends only it."""
 
@@ -145,15 +152,24 @@ class WorkerProcess:
 
     @contextlib.contextmanager
     def paused(self):
-        """The worker and everything in its sandbox stopped (SIGSTOP, every thread) for the block, which gets
-        whether every process was found stopped: while the
+        """The worker and everything in its sandbox stopped (SIGSTOP, every thread) for the block: while the
         judge times its own harness steps, a worker that spends the host's CPUs then would make the steps
-        look dearer and its own calls, with them subtracted, cheaper. Its queued GPU work runs on."""
+        look dearer and its own calls, with them subtracted, cheaper. Its queued GPU work runs on. The block
+        gets a Pause, whose `held` says after it whether the sandbox stayed stopped throughout: every process
+        found stopped before, no process new after, and none given CPU time meanwhile (a process that
+        resumed, by any route, and stopped itself again before the end is seen by its CPU time)."""
+        pause = Pause()
         worker = sandbox.worker_pid(self.process.pid, self.isolation) if self.process.poll() is None else None
         stopped, all_stopped = self._stop_sandbox(worker) if worker is not None else ([], True)
+        before = sandbox.cpu_time_ns(stopped) if all_stopped else None
         try:
-            yield all_stopped
+            yield pause
         finally:
+            if worker is None:
+                pause.held = True
+            elif all_stopped:
+                members = [worker, *self.leftovers()]
+                pause.held = set(members) <= set(stopped) and sandbox.cpu_time_ns(stopped) == before
             for pid in stopped:
                 _signal(pid, signal.SIGCONT)
 

@@ -580,16 +580,34 @@ def worker_pid(pid: int, isolation: str) -> int | None:
 
 def sandbox_processes(pid: int, isolation: str) -> list[int]:
     """Host PIDs of the live processes in the sandbox of the worker started as `pid`, the worker excepted:
-    those in its PID namespace, or at the process level those in its process group."""
+    those in its PID namespace, or at the process level those in its process group. A namespace is known
+    by its link (/proc/PID/ns/pid), which a runner without CAP_SYS_PTRACE cannot read for a process made
+    non-dumpable (by running a file it cannot read); every process of the namespace is also a descendant
+    of the worker, its init, to which orphans go: those count too."""
     worker = worker_pid(pid, isolation)
     if worker is None:
         return []
+    live = _live_processes()
     if isolation == "namespaces":
         namespace = _pid_namespace(worker)
-        members = [p for p in _live_processes() if _pid_namespace(p) == namespace]
+        members = {p for p in live if namespace is not None and _pid_namespace(p) == namespace}
+        members |= _descendants(worker, {p: parent for p, (_, parent) in live.items()})
     else:
-        members = [p for p, group in _live_processes().items() if group == worker]
+        members = {p for p, (group, _) in live.items() if group == worker}
     return sorted(p for p in members if p != worker)
+
+
+def _descendants(root: int, parents: dict[int, int]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for child, parent in parents.items():
+        children.setdefault(parent, []).append(child)
+    found, pending = set(), [root]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            if child not in found:
+                found.add(child)
+                pending.append(child)
+    return found
 
 
 def remove_tree(path: Path) -> None:
@@ -655,7 +673,7 @@ def _end_pid_namespace(process: subprocess.Popen) -> None:
 
 def _wait_for_group_to_end(group: int) -> None:
     deadline = time.monotonic() + REAP_TIMEOUT_S
-    while group in _live_processes().values() and time.monotonic() < deadline:
+    while any(g == group for g, _ in _live_processes().values()) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -703,15 +721,15 @@ def cpu_time_ns(pids: list[int]) -> int:
     return total
 
 
-def _live_processes() -> dict[int, int]:
-    """PID -> process group of every live process on the host."""
-    groups = {}
+def _live_processes() -> dict[int, tuple[int, int]]:
+    """PID -> (process group, parent PID) of every live process on the host."""
+    found = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             fields = _stat_fields(int(name))
             if fields is not None and _alive(int(name), fields):
-                groups[int(name)] = int(fields[2])
-    return groups
+                found[int(name)] = (int(fields[2]), int(fields[1]))
+    return found
 
 
 def _alive(pid: int, fields: list[str] | None = None) -> bool:

@@ -88,8 +88,8 @@ SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
 AUDIT_ARCH_X86_64, X32_SYSCALL_BIT = 0xC000003E, 0x40000000
 BPF_AND_K = 0x54
-# (syscall number, conditions (argument, mask or None, value) that must all hold, errno returned): every
-# way a process can have SIGCONT sent (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
+# (syscall number, conditions (argument, mask or None, value) that must all hold, errno returned): the
+# calls that name SIGCONT (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
 # pidfd_send_signal; fcntl F_SETSIG, prctl PR_SET_PDEATHSIG, clone's exit signal), and ptrace. clone3 takes
 # its exit signal in memory a filter cannot read: ENOSYS makes the C library fall back to clone.
 SECCOMP_RULES = [
@@ -198,8 +198,9 @@ def enter(spec: SandboxSpec, isolation: str) -> None:
 
 
 def _refuse_resuming() -> None:
-    """A seccomp filter, for the worker and all it starts: no SIGCONT to any process, by any call that
-    sends one or has the kernel send one (SECCOMP_RULES), and no ptrace. The judge stops the sandbox's processes while it times its own steps; one of them left
+    """A seccomp filter, for the worker and all it starts: no SIGCONT by a call that names it
+    (SECCOMP_RULES), and no ptrace. The kernel can still send one where no filter sees it (a POSIX timer
+    or mq_notify armed with it, an orphaned process group): the judge's pauses check the CPU time. The judge stops the sandbox's processes while it times its own steps; one of them left
     running, or started between the judge's listing and its signals, could otherwise resume the
     others (or, tracing them, keep SIGSTOP from them). x86-64 only: elsewhere nothing is filtered
     (docs/threat_model.md)."""

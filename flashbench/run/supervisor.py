@@ -175,8 +175,9 @@ class WorkerProcess:
 
     def _stop_sandbox(self, worker: int) -> tuple[list[int], bool]:
         """Stops the worker and whatever its sandbox holds, listing and stopping until one listing finds every
-        process stopped: a process forked between a listing and its SIGSTOP shows in the next one, and no
-        process of the sandbox can resume another (the sandbox's seccomp filter refuses SIGCONT and ptrace).
+        process stopped: a process forked between a listing and its SIGSTOP shows in the next one, and the
+        sandbox's seccomp filter refuses the calls that name SIGCONT, and ptrace (what else resumes one,
+        `paused` sees by its CPU time).
         The processes signalled, and whether all were found stopped: a thread kept in the kernel (a long
         madvise) or a sandbox forking faster than STOP_ROUNDS listings is not."""
         stopped = set()

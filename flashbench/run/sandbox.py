@@ -199,11 +199,11 @@ def enter(spec: SandboxSpec, isolation: str) -> None:
 
 def _refuse_resuming() -> None:
     """A seccomp filter, for the worker and all it starts: no SIGCONT by a call that names it
-    (SECCOMP_RULES), and no ptrace. The kernel can still send one where no filter sees it (a POSIX timer
-    or mq_notify armed with it, an orphaned process group): the judge's pauses check the CPU time. The judge stops the sandbox's processes while it times its own steps; one of them left
-    running, or started between the judge's listing and its signals, could otherwise resume the
-    others (or, tracing them, keep SIGSTOP from them). x86-64 only: elsewhere nothing is filtered
-    (docs/threat_model.md)."""
+    (SECCOMP_RULES), and no ptrace. The judge stops the sandbox's processes while it times its own steps;
+    one of them left running, or started between the judge's listing and its signals, could otherwise
+    resume the others (or, tracing them, keep SIGSTOP from them). The kernel can still send SIGCONT where
+    no filter sees it (a POSIX timer or mq_notify armed with it, an orphaned process group): the judge's
+    pauses check the CPU time. x86-64 only: elsewhere nothing is filtered (docs/threat_model.md)."""
     if os.uname().machine != "x86_64":
         return
     program = _seccomp_program()
@@ -217,8 +217,8 @@ def _refuse_resuming() -> None:
 
 def _seccomp_program() -> list[tuple[int, int, int, int]]:
     """Classic BPF over struct seccomp_data (nr at 0, arch at 4, argument i's low word at 16 + 8 * i): every
-    call through another ABI refused (i386's `int 0x80`, whose numbers differ, and x32's); each of SECCOMP_RULES answered with its action where all its conditions hold; the rest
-    allowed."""
+    call through another ABI refused (i386's `int 0x80`, whose numbers differ, and x32's); each of
+    SECCOMP_RULES answered with its action where all its conditions hold; the rest allowed."""
     program = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 1, 0, AUDIT_ARCH_X86_64), (BPF_RET_K, 0, 0, _refusal(errno.EPERM)),
                (BPF_LD_W_ABS, 0, 0, 0), (BPF_JGE_K, 0, 1, X32_SYSCALL_BIT), (BPF_RET_K, 0, 0, _refusal(errno.EPERM))]
     for number, conditions, refusal in SECCOMP_RULES:
@@ -581,18 +581,17 @@ def worker_pid(pid: int, isolation: str) -> int | None:
 
 def sandbox_processes(pid: int, isolation: str) -> list[int]:
     """Host PIDs of the live processes in the sandbox of the worker started as `pid`, the worker excepted:
-    those in its PID namespace, or at the process level those in its process group. A namespace is known
-    by its link (/proc/PID/ns/pid), which a runner without CAP_SYS_PTRACE cannot read for a process made
-    non-dumpable (by running a file it cannot read); every process of the namespace is also a descendant
-    of the worker, its init, to which orphans go: those count too."""
+    those in its PID namespace, or at the process level those in its process group. Every process of the
+    namespace descends from the worker, its init, to which orphans go (no namespace can be made inside):
+    found by parent PIDs, which any runner may read. A namespace link (/proc/PID/ns/pid) would not do: a
+    runner without CAP_SYS_PTRACE cannot read it for a process made non-dumpable (by running a file it
+    cannot read)."""
     worker = worker_pid(pid, isolation)
     if worker is None:
         return []
     live = _live_processes()
     if isolation == "namespaces":
-        namespace = _pid_namespace(worker)
-        members = {p for p in live if namespace is not None and _pid_namespace(p) == namespace}
-        members |= _descendants(worker, {p: parent for p, (_, parent) in live.items()})
+        members = _descendants(worker, {p: parent for p, (_, parent) in live.items()})
     else:
         members = {p for p, (group, _) in live.items() if group == worker}
     return sorted(p for p in members if p != worker)
@@ -694,12 +693,7 @@ def _reap(process: subprocess.Popen) -> None:
 
 def is_stopped(pid: int) -> bool:
     """No thread of the process runs: each is stopped (by a signal, or traced) or ended."""
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return True
-    states = [fields[0] for fields in (_stat_fields(pid, int(tid)) for tid in threads) if fields is not None]
-    return all(state in ("T", "t", *DEAD_STATES) for state in states)
+    return all(state in ("T", "t", *DEAD_STATES) for state in _thread_states(pid))
 
 
 def cpu_time_ns(pids: list[int]) -> int:
@@ -707,16 +701,12 @@ def cpu_time_ns(pids: list[int]) -> int:
     else utime and stime in clock ticks): a stopped process gets none."""
     total = 0
     for pid in pids:
-        try:
-            threads = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in threads:
+        for tid in _threads(pid):
             try:
                 with open(f"/proc/{pid}/task/{tid}/schedstat") as schedstat:
                     total += int(schedstat.read().split()[0])
             except (OSError, ValueError, IndexError):
-                fields = _stat_fields(pid, int(tid))
+                fields = _stat_fields(pid, tid)
                 if fields is not None:
                     total += (int(fields[11]) + int(fields[12])) * 10**9 // os.sysconf("SC_CLK_TCK")
     return total
@@ -739,13 +729,20 @@ def _alive(pid: int, fields: list[str] | None = None) -> bool:
     fields = fields if fields is not None else _stat_fields(pid)
     if fields is None:
         return False
-    if fields[0] not in DEAD_STATES:
-        return True
+    return fields[0] not in DEAD_STATES or any(state not in DEAD_STATES for state in _thread_states(pid))
+
+
+def _threads(pid: int) -> list[int]:
+    """The thread IDs of a process; none once it has ended."""
     try:
-        threads = os.listdir(f"/proc/{pid}/task")
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
     except OSError:
-        return False
-    return any((_stat_fields(pid, int(tid)) or DEAD_STATES)[0] not in DEAD_STATES for tid in threads if tid != str(pid))
+        return []
+
+
+def _thread_states(pid: int) -> list[str]:
+    """The /proc state of each of a process's threads that can still be read."""
+    return [fields[0] for fields in (_stat_fields(pid, tid) for tid in _threads(pid)) if fields is not None]
 
 
 def _stat_fields(pid: int, tid: int | None = None) -> list[str] | None:
@@ -755,13 +752,6 @@ def _stat_fields(pid: int, tid: int | None = None) -> list[str] | None:
     try:
         with open(path, "rb") as stat_file:
             return stat_file.read().rpartition(b")")[2].decode().split()
-    except OSError:
-        return None
-
-
-def _pid_namespace(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
         return None
 

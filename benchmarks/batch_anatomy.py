@@ -1,4 +1,4 @@
-"""Where a batch's time goes on a GPU: the harness's loop (redraw, L2 flush, call) run in one process
+"""Where a batch's time goes on a GPU: the harness's loop (redraw, L2 flush, call, link) run in one process
 with host timestamps and CUDA events, with and without a device-side wait before the flush, and
 with and without idle gaps between batches. For each: wall time per call, host time to issue the
 calls, device span, the call's own events, the same batch without the call (the baseline), and
@@ -17,7 +17,7 @@ from flashbench.build import load_entry_point
 from flashbench.dtypes import torch_dtype
 from flashbench.run import select_solutions, select_workloads
 from flashbench.run.protocol import Call
-from flashbench.run.recipe import L2Flush, InputSets
+from flashbench.run.recipe import L2Flush, InputSets, output_link
 from flashbench.workloads import generate_inputs, random_inputs
 
 repo = Repo(Path("."))
@@ -34,13 +34,15 @@ def run(entry, sets_inp, outs, lead_cycles, call=True):
     t0 = time.perf_counter(); ev0.record()
     sets_inp.draw(12345, [Call(set=0, slot=0, seed=1000 + k) for k in range(N)])
     t_draw = time.perf_counter()
+    link = None
     for k in range(N):
-        sets_inp.redraw(k)
+        sets_inp.redraw(k, link)
         if lead_cycles: torch.cuda._sleep(lead_cycles)
         flush()
         starts[k].record()
         if call: entry(*args(sets_inp), *outs)
         ends[k].record()
+        link = output_link(outs)  # the next call's redraw depends on these outputs, as in the harness
     t_issued = time.perf_counter()
     ev1.record(); torch.cuda.synchronize(); t1 = time.perf_counter()
     calls = [s.elapsed_time(e) for s, e in zip(starts, ends)]

@@ -30,8 +30,8 @@ def pipe_pair():
 
 def test_a_reply_round_trips(pipe_pair):
     judge, worker = pipe_pair
-    worker.send(CallTimes(event_ms=[0.5, 0.25]))
-    assert parse_reply(judge.receive_json(timeout=5)) == CallTimes(event_ms=[0.5, 0.25])
+    worker.send(CallTimes(event_ms=[0.5, 0.25], links=[0, -(1 << 63)]))
+    assert parse_reply(judge.receive_json(timeout=5)) == CallTimes(event_ms=[0.5, 0.25], links=[0, -(1 << 63)])
     worker.send(BatchDone())
     assert parse_reply(judge.receive_json(timeout=5)) == BatchDone()
 
@@ -74,11 +74,15 @@ def test_a_pickle_is_not_a_reply(pipe_pair):
 @pytest.mark.parametrize("payload, where", [
     (b'{"kind": "failed", "status": "PASSED", "message": ""}', "status"),  # only the judge says PASSED
     (b'{"kind": "verdict", "status": "PASSED"}', "kind"),
-    (b'{"kind": "call_times", "event_ms": [-1.0]}', "event_ms"),
-    (b'{"kind": "call_times", "event_ms": [1e308, 1e308]}', "event_ms"),  # finite, but their sum is not
-    (b'{"kind": "call_times", "event_ms": [1.0], "passed": true}', "passed"),
-    (b'{"kind": "call_times", "event_ms": [1.0], "issue_ms": -1.0}', "issue_ms"),
-    (b'{"kind": "call_times", "event_ms": [1.0], "issue_ms": 1e300}', "issue_ms"),
+    (b'{"kind": "call_times", "event_ms": [-1.0], "links": [0]}', "event_ms"),
+    (b'{"kind": "call_times", "event_ms": [1e308, 1e308], "links": [0, 0]}', "event_ms"),  # finite; their sum is not
+    (b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "passed": true}', "passed"),
+    (b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "issue_ms": -1.0}', "issue_ms"),
+    (b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "issue_ms": 1e300}', "issue_ms"),
+    (b'{"kind": "call_times", "event_ms": [1.0]}', "links"),
+    (b'{"kind": "call_times", "event_ms": [1.0], "links": [9223372036854775808]}', "links"),  # past int64
+    (b'{"kind": "call_times", "event_ms": [1.0], "links": [1.5]}', "links"),
+    (b'{"kind": "call_times", "event_ms": [1.0], "links": ["7"]}', "links"),
     (b'{"kind": "batch_done", "event_ms": [1.0]}', "event_ms"),  # times come only when asked, off the clock
     (b'{"kind": "ready"', "message"),
 ])
@@ -89,9 +93,9 @@ def test_forged_or_malformed_replies_are_refused(payload, where):
 
 def test_nan_times_are_refused():
     with pytest.raises(ProtocolError):
-        parse_reply(b'{"kind": "call_times", "event_ms": [NaN]}')
+        parse_reply(b'{"kind": "call_times", "event_ms": [NaN], "links": [0]}')
     with pytest.raises(ProtocolError, match="issue_ms"):
-        parse_reply(b'{"kind": "call_times", "event_ms": [1.0], "issue_ms": NaN}')
+        parse_reply(b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "issue_ms": NaN}')
 
 
 def test_an_oversized_frame_is_refused_before_it_is_read(pipe_pair):

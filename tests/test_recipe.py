@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from flashbench.run.protocol import Batch, Call
-from flashbench.run.recipe import (FLUSH_METHODS, CallClock, InputSets, L2Flush, flush_label, release_cached_memory,
-                                   run_batch)
+from flashbench.run.recipe import (FLUSH_METHODS, CallClock, InputSets, L2Flush, flush_label, link_values,
+                                   output_link, release_cached_memory, run_batch)
 from flashbench.workloads import random_inputs
 
 
@@ -32,28 +32,66 @@ class RecordingInputs:
         self.drawn.append((seed, len(calls)))
         self.calls = calls
 
-    def redraw(self, k):
+    def redraw(self, k, link=None):
         if self.calls[k].seed is not None:
-            self.redrawn.append((self.calls[k].set, self.calls[k].seed, k))
+            self.redrawn.append((self.calls[k].set, self.calls[k].seed, k, None if link is None else int(link)))
+
+
+def no_outputs(call):
+    return [torch.zeros(1)]
 
 
 def test_a_batch_draws_once_then_redraws_flushes_and_times_each_call():
     steps, inputs = [], RecordingInputs()
     calls = [Call(set=0, slot=0, seed=11), Call(set=1, slot=1), Call(set=0, slot=2, seed=12)]
     clock = CallClock("cpu", len(calls))
-    run_batch(Batch(calls=calls, fresh_seed=5), inputs, lambda: steps.append("flush"),
-              lambda call: steps.append(f"call {call.slot}"), lambda call: steps.append(f"store {call.slot}"), clock)
+    slots = [torch.full((2,), float(k + 1)) for k in range(3)]
+    links = run_batch(Batch(calls=calls, fresh_seed=5), inputs, lambda: steps.append("flush"),
+                      lambda call: steps.append(f"call {call.slot}"), lambda call: steps.append(f"store {call.slot}"),
+                      clock, lambda call: [slots[call.slot]])
     assert inputs.drawn == [(5, 3)]
-    assert inputs.redrawn == [(0, 11, 0), (0, 12, 2)]
+    # The first call and a call without a seed are linked to nothing; the third to the second's outputs.
+    assert inputs.redrawn == [(0, 11, 0, None), (0, 12, 2, output_link([slots[1]]).item())]
+    assert link_values(links) == [0, 0, output_link([slots[1]]).item()]
     assert steps == ["flush", "call 0", "store 0", "flush", "call 1", "store 1", "flush", "call 2", "store 2"]
     assert len(clock.times_ms()) == 3 and all(t >= 0 for t in clock.times_ms())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.bool,
+                                   torch.float8_e4m3fn])
+def test_an_output_link_sums_the_raw_words_and_sees_any_change(dtype):
+    output = torch.arange(12).reshape(3, 4).to(dtype)
+    lse = torch.arange(3, dtype=torch.float32)
+    link = output_link([output, lse]).item()
+    words = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    assert link == (output.reshape(-1).view(words[output.element_size()]).long().sum()
+                    + 3 * lse.view(torch.int32).long().sum()).item()
+    changed = output.clone()
+    changed[2, 3] = 0
+    assert output_link([changed, lse]).item() != link
+    assert output_link([lse, output]).item() != link or dtype == torch.float32  # each output weighted by its place
+
+
+def test_a_linked_redraw_rotates_its_windows_alike_on_both_sides(decode_inputs):
+    """The worker rotates by a link it holds as a tensor, the judge by the integer the worker reports: the
+    same sets; another link gives other sets."""
+    definition, workload, made = decode_inputs
+    names = random_inputs(definition, workload)
+    sides = [InputSets(definition, workload, [{k: v.clone() for k, v in made.items()}], names) for _ in range(3)]
+    calls = [Call(set=0, slot=0, seed=455), Call(set=0, slot=1, seed=456)]
+    for sets, link in zip(sides, [torch.tensor(-12345), -12345, 77]):
+        sets.draw(seed=123, calls=calls)
+        sets.redraw(1, link)
+    worker, judge, other = (sides[i].sets[0] for i in range(3))
+    assert all(torch.equal(worker[name], judge[name]) for name in names)
+    assert any(not torch.equal(worker[name], other[name]) for name in names)
 
 
 def test_a_batch_records_how_long_the_host_took_to_issue_it():
     clock = CallClock("cpu", 2)
     start = time.perf_counter()
     run_batch(Batch(calls=[Call(set=0, slot=0), Call(set=0, slot=1)]), RecordingInputs(), lambda: None,
-              lambda call: time.sleep(0.01), lambda call: None, clock)
+              lambda call: time.sleep(0.01), lambda call: None, clock, no_outputs)
     took_ms = (time.perf_counter() - start) * 1e3
     assert 20.0 <= clock.issue_ms <= took_ms  # both calls' host time, and nothing after the batch
 
@@ -62,7 +100,7 @@ def test_a_clock_made_once_reports_only_the_last_batch_and_grows_when_it_must():
     clock = CallClock("cpu", 4)
     for calls in (3, 1, 6):  # made for 4 calls: a batch of 6 grows it
         run_batch(Batch(calls=[Call(set=0, slot=k) for k in range(calls)]), RecordingInputs(), lambda: None,
-                  lambda call: None, lambda call: None, clock)
+                  lambda call: None, lambda call: None, clock, no_outputs)
         assert len(clock.times_ms()) == calls
 
 
@@ -103,7 +141,8 @@ def test_every_call_of_a_batch_sees_fresh_generated_data_on_both_sides():
         calls = [Call(set=0, slot=k, seed=100 + k) for k in range(4)]
         inputs = []
         run_batch(Batch(calls=calls, fresh_seed=5), sets, lambda: None,
-                  lambda call: inputs.append(sets.sets[0]["kv_cache"].clone()), lambda call: None, CallClock("cpu", 4))
+                  lambda call: inputs.append(sets.sets[0]["kv_cache"].clone()), lambda call: None, CallClock("cpu", 4),
+                  lambda call: [sets.sets[0]["kv_cache"]])  # outputs that depend on the inputs, as a call's do
         seen[side] = inputs
     assert all(torch.equal(a, b) for a, b in zip(seen["worker"], seen["judge"]))
     every = [made["kv_cache"], *seen["worker"]]

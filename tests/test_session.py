@@ -28,6 +28,7 @@ from flashbench.run.judge.references import ReferenceStore
 from flashbench.run.options import MIN_BATCHES
 from flashbench.run.session import PAUSE_ATTEMPTS, Session, SessionSettings, _Job, _poison, _Stop, _Times
 from flashbench.run.protocol import Batch
+from flashbench.run.recipe import output_link
 from flashbench.run.supervisor import WorkerProcess
 
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -234,6 +235,21 @@ def test_a_number_of_checked_calls_picks_that_many_distinct_calls_and_one_in_eve
 def test_under_graph_replay_every_call_can_be_picked_too():
     picked = job(graph=True).pick_checks(batches=2, size=5)
     assert {b: sorted(ks) for b, ks in picked.items()} == {0: [0, 1, 2, 3, 4], 1: [0, 1, 2, 3, 4]}
+
+
+def test_a_picked_call_linked_to_outputs_other_than_those_its_predecessor_left_is_rejected():
+    """The link a call's redraw used must be the one the judge gets from the previous call's outputs as it
+    read them after the batch: from other bytes, those outputs were still being written."""
+    final = {"output": torch.arange(6, dtype=torch.bfloat16), "lse": torch.ones(2)}
+    unfinished = {name: torch.full_like(tensor, float("nan")) for name, tensor in final.items()}
+    read = {0: final, 1: final}
+    stand_in = job()
+    stand_in.reject_unfinished_outputs({1: "timed call 2"}, read, [None, output_link(list(final.values())).item()])
+    stand_in.reject_unfinished_outputs({0: "timed call 1"}, read, [None, 12345])  # call 2 was not picked
+    with pytest.raises(_Stop) as stopped:
+        stand_in.reject_unfinished_outputs({1: "timed call 2"}, read, [None, output_link(list(unfinished.values())).item()])
+    assert stopped.value.outcome.status == "REJECTED"
+    assert "the call before timed call 2 were still being written" in stopped.value.outcome.message
 
 
 @pytest.mark.parametrize("step_ms, sizing", [(5.0, True), (30.0, False)])

@@ -181,6 +181,9 @@ class CallTimes(Message):
     # How long the host took to issue the batch, to its last call (before waiting for the device): near
     # the judge's time for the batch, the host, not the device, bounded it. A diagnostic in traces only.
     issue_ms: float = Field(default=0.0, ge=0, le=MAX_CALL_MS, allow_inf_nan=False)
+    # The link each call's redraw was rotated by (run/recipe.py output_link; 0 where none): the judge
+    # replays the redraws with them and checks those of the calls it reads against their outputs.
+    links: list[Annotated[int, Field(strict=True, ge=-(1 << 63), lt=1 << 63)]]
 
     @field_validator("event_ms")
     @classmethod

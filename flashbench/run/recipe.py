@@ -11,6 +11,13 @@ What a call redraws: a window of every random input, and of every input a genera
 carries data (an FP8 KV cache: fresh tokens quantised as the generator quantises them, only in the
 rows that carry data); index structure never changes. The worker does it in its arena, the judge
 on its own copies: InputSets is the one code path of both.
+
+Each call's redraw also depends on the outputs of the call before it (output_link): its windows are
+rotated by a number reduced from those outputs. A call's outputs must therefore be final when the
+next call's steps begin. Work a call leaves running after it returns (on another stream, in a thread)
+would have the next inputs drawn from unfinished outputs, which the judge sees when it checks the
+links of the calls it reads; and a worker that draws the next inputs from the right number has to
+wait for the call before. So calls cannot overlap each other or the next call's redraw.
 """
 
 import contextlib
@@ -85,6 +92,35 @@ class L2Flush:
                 torch.sum(self._read, dim=0, out=self._sink)
 
 
+# The integer type a tensor's raw words are summed as, by element size.
+WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def output_link(outputs: list[torch.Tensor]) -> torch.Tensor:
+    """A call's outputs reduced to one number, the link the next call's redraw is rotated by: the sum of
+    each output's raw words, weighted by an odd number per output. A 0-d int64 tensor on the outputs'
+    device, so the worker never waits for it. Integer sums are exact in any order: the judge gets the
+    same number from the bytes it reads."""
+    link = None
+    for i, tensor in enumerate(outputs):
+        total = tensor.reshape(-1).view(WORD_DTYPES[tensor.element_size()]).sum(dtype=torch.int64)
+        link = total if link is None else link + total * (2 * i + 1)
+    return link
+
+
+def link_values(links: list[torch.Tensor | None]) -> list[int]:
+    """The links a batch used, as integers (0 for a call that used none), read in one transfer."""
+    used = [link for link in links if link is not None]
+    values = iter(torch.stack(used).tolist() if used else [])
+    return [0 if link is None else next(values) for link in links]
+
+
+def linked_calls(calls: list[Call]) -> list[int]:
+    """The calls of a batch whose redraw depends on the previous call's outputs: every call with a seed
+    but the first."""
+    return [k for k in range(1, len(calls)) if calls[k].seed is not None]
+
+
 class CallClock:
     """The worker's own per-call times: CUDA events on a GPU, the host clock on a CPU. Made once per job
     for as many calls as a batch can hold: making hundreds of CUDA events takes a millisecond or more
@@ -153,6 +189,7 @@ class InputSets:
     _fresh: dict = field(default_factory=dict, init=False)
     _fresh_data: dict = field(default_factory=dict, init=False)
     _starts: dict = field(default_factory=dict, init=False)
+    _positions: dict = field(default_factory=dict, init=False)  # 0..n-1 by (n, device), made once
 
     def __post_init__(self):
         self.data = redrawn_data(self.definition, self.workload, self.sets[0])
@@ -165,18 +202,35 @@ class InputSets:
         self._fresh_data = draw_data_windows(self.workload, like, self.data, seed, len(calls))
         self._starts = window_starts(seed, [call.seed or 0 for call in calls], self._spans)
 
-    def redraw(self, k: int) -> None:
-        """Call `k` of the batch drawn last: its windows written into its set (nothing without a seed)."""
+    def redraw(self, k: int, link: torch.Tensor | int | None = None) -> None:
+        """Call `k` of the batch drawn last: its windows written into its set (nothing without a seed),
+        each rotated by `link` (output_link of the call before; the judge passes the integer) when given."""
         call = self._calls[k]
         if call.seed is None:
             return
         inputs = self.sets[call.set]
         sliced, indexed = data_window_copies(inputs, self.data, self._fresh_data, k, self._starts)
         copies = window_copies(inputs, self._fresh, k, self._starts) + sliced
+        if link is not None:
+            orders: dict = {}
+            copies = [(target, self._rotated(source, link, orders)) for target, source in copies]
+            indexed = [(table, rows, self._rotated(window, link, orders)) for table, rows, window in indexed]
         if copies:
             torch._foreach_copy_([target for target, _ in copies], [source for _, source in copies])
         for table, rows, window in indexed:
             table.index_copy_(0, rows, window)
+
+    def _rotated(self, source: torch.Tensor, link: torch.Tensor | int, orders: dict) -> torch.Tensor:
+        """`source` rotated along its first dimension by `link` (one gather; the order is shared by the
+        call's windows of the same length)."""
+        n = source.shape[0]
+        key = (n, source.device)
+        if key not in orders:
+            if key not in self._positions:
+                self._positions[key] = torch.arange(n, dtype=torch.int64, device=source.device)
+            shift = link % n if isinstance(link, int) else torch.remainder(link, n)
+            orders[key] = (self._positions[key] + shift).remainder_(n)
+        return source.index_select(0, orders[key])
 
     @property
     def redrawn_names(self) -> list[str]:
@@ -185,20 +239,27 @@ class InputSets:
 
 
 def run_batch(batch: Batch, inputs: InputSets, flush: L2Flush, invoke: Callable[[Call], None],
-              after: Callable[[Call], None], clock: CallClock) -> None:
-    """`invoke` is timed by `clock`; `after` (moving returned outputs into their slot) is not."""
+              after: Callable[[Call], None], clock: CallClock,
+              outputs: Callable[[Call], list[torch.Tensor]]) -> list[torch.Tensor | None]:
+    """`invoke` is timed by `clock`; `after` (moving returned outputs into their slot) is not; `outputs`
+    gives the slot a call's outputs are then in. Returns the link each call's redraw used (None: none)."""
     start = time.perf_counter()
     clock.begin(len(batch.calls))
     inputs.draw(batch.fresh_seed, batch.calls)
+    links: list[torch.Tensor | None] = [None] * len(batch.calls)
+    linked = set(linked_calls(batch.calls))
     for k, call in enumerate(batch.calls):
-        inputs.redraw(k)
+        inputs.redraw(k, links[k])
         flush()
         clock.start(k)
         invoke(call)
         clock.stop(k)
         after(call)
+        if k + 1 in linked:
+            links[k + 1] = output_link(outputs(call))
     clock.issue_ms = (time.perf_counter() - start) * 1e3
     synchronize(clock.device)
+    return links
 
 
 # On a CPU the harness's steps are timed with one intra-op thread, in the worker and in the judge's

@@ -27,7 +27,7 @@ from .judge.clock import (Baseline, CleanSteps, disagreement, harness_per_call_m
 from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
 from .protocol import Batch, BatchDone, Call, CallTimes, Close, Failed, Open, Opened, ReadTimes
-from .recipe import L2Flush
+from .recipe import L2Flush, linked_calls, output_link
 from .supervisor import WorkerGone, WorkerProcess
 
 _secret = random.SystemRandom()
@@ -197,7 +197,8 @@ class _Job:
         self.inputs = inputs
         self.arena_sets = arena_sets
         self.arena_slots = arena_slots
-        self.history: list[Batch] = []  # every batch sent, in order: replayed for the references
+        # every batch sent, in order, with the links its calls' redraws used: replayed for the references
+        self.history: list[tuple[Batch, list[int | None]]] = []
         self.reads: list[_Read] = []
         self.times = _Times()
 
@@ -295,14 +296,13 @@ class _Job:
         return picked
 
     def batch(self, calls: list[Call], timed: bool, graph: bool, picked: dict[int, str]) -> tuple[float, Batch]:
-        """Run one batch; the judge's time for it (ms). The batch's redraws are replayed on the judge's
-        copies and the outputs poisoned; after the batch the picked calls' outputs are read, and
-        leftovers and changes to the inputs looked for. Nothing the judge does between batches depends
+        """Run one batch; the judge's time for it (ms). The outputs are poisoned; after the batch the picked
+        calls' outputs are read, leftovers looked for, the batch's redraws replayed on the judge's copies
+        (with the links the worker reports), and changes to the inputs and unfinished outputs looked for
+        (reject_changed_inputs, reject_unfinished_outputs). Nothing the judge does between batches depends
         on which calls are picked: the references wait for the end of the job (`check_outputs`), so
         the worker cannot tell from the judge's pauses which batches are checked."""
         batch = Batch(calls=calls, graph=graph, fresh_seed=fresh_seed())
-        self.replay(batch)
-        self.history.append(batch)
         for slot in self.arena_slots[:max(c.slot for c in calls) + 1]:
             for tensor in slot.values():
                 _poison(tensor)
@@ -310,14 +310,21 @@ class _Job:
         reply, elapsed_ms = self.worker.timed_ask(batch, self.settings.timeout)
         if not isinstance(self.unless_failed(reply), BatchDone):
             raise _Stop(self.rejected("the worker's reply does not match the batch it was sent"))
-        for k, label in picked.items():  # copies taken now: nothing written later counts
-            outputs = {name: tensor.clone() for name, tensor in self.arena_slots[calls[k].slot].items()}
-            self.reads.append(_Read(label, len(self.history) - 1, k, outputs))
+        # Copies taken now, nothing written later counts: the picked calls' outputs, and the outputs of the
+        # call before each picked call that is linked to them.
+        linked = set(linked_calls(calls))
+        wanted = set(picked) | {k - 1 for k in picked if k in linked}
+        read = {k: {name: tensor.clone() for name, tensor in self.arena_slots[calls[k].slot].items()} for k in wanted}
         self.reject_leftovers()
-        self.reject_changed_inputs()
         times = self.unless_failed(self.worker.ask(ReadTimes(), self.settings.timeout))
-        if not isinstance(times, CallTimes) or len(times.event_ms) != len(calls):
+        if not isinstance(times, CallTimes) or len(times.event_ms) != len(calls) or len(times.links) != len(calls):
             raise _Stop(self.rejected("the worker's times do not match the batch it was sent"))
+        links = [times.links[k] if k in linked else None for k in range(len(calls))]
+        self.replay(batch, links)
+        self.history.append((batch, links))
+        self.reject_changed_inputs()
+        self.reject_unfinished_outputs(picked, read, links)
+        self.reads += [_Read(label, len(self.history) - 1, k, read[k]) for k, label in picked.items()]
         if timed:
             self.times.worker_ms += times.event_ms
             self.times.issue_ms.append(times.issue_ms)
@@ -329,11 +336,13 @@ class _Job:
             raise reported_failure(reply, self.worker.log_tail(), worker_usable=self.session.device == "cpu")
         return reply
 
-    def replay(self, batch: Batch, each_call: Callable[[int, Call], None] = lambda k, call: None) -> None:
-        """The batch's redraws on the judge's copies of the sets, `each_call` seeing each call's inputs."""
+    def replay(self, batch: Batch, links: list[int | None],
+               each_call: Callable[[int, Call], None] = lambda k, call: None) -> None:
+        """The batch's redraws on the judge's copies of the sets, with the links the worker says they used
+        (a wrong one leaves its sets unlike the judge's), `each_call` seeing each call's inputs."""
         self.inputs.replay.draw(batch.fresh_seed, batch.calls)
         for k, call in enumerate(batch.calls):
-            self.inputs.replay.redraw(k)
+            self.inputs.replay.redraw(k, links[k])
             each_call(k, call)
 
     def expected_outputs(self) -> list[CheckedCall]:
@@ -352,8 +361,8 @@ class _Job:
             if read is not None:
                 checked[b, k] = CheckedCall(read.label, read.outputs, self.reference(call))
 
-        for b, batch in enumerate(self.history):
-            self.replay(batch, lambda k, call: check(b, k, call))
+        for b, (batch, links) in enumerate(self.history):
+            self.replay(batch, links, lambda k, call: check(b, k, call))
         return [checked[read.batch, read.call] for read in self.reads]
 
     def reference(self, call: Call) -> dict:
@@ -376,6 +385,17 @@ class _Job:
             changed = [name for name, tensor in arena_set.items() if not torch.equal(tensor, expected[name])]
             if changed:
                 raise _Stop(self.rejected(f"the solution modified its inputs: {', '.join(changed)}"))
+
+    def reject_unfinished_outputs(self, picked: dict[int, str], read: dict[int, dict], links: list[int | None]) -> None:
+        """Each picked call's redraw must have been linked to the outputs the call before it left in its
+        slot: a link from other bytes means those outputs were still being written when the next call's
+        steps began (work left running after its call returned, on another stream or in a thread)."""
+        for k, label in picked.items():
+            if links[k] is not None and links[k] != output_link(list(read[k - 1].values())).item():
+                raise _Stop(self.rejected(
+                    f"the outputs of the call before {label} were still being written after that call returned: "
+                    "the next call's inputs were drawn from unfinished outputs (work left running on another "
+                    "stream or thread)"))
 
     def check_outputs(self) -> Verdict:
         """The first checked call that fails, or a pass whose errors are the worst seen per output; the

@@ -51,11 +51,11 @@ class Baseline:
         self.inputs = InputSets(inputs.definition, inputs.workload, [scratch], inputs.random_names)
         self.flush = flush
         self._empty = torch.zeros(1, device=self.device) if torch.device(self.device).type == "cuda" else None
-        self.returned = self.slots = None
-        if copies_outputs:  # the worker moves returned outputs into their slot: so does the baseline
-            self.returned = [torch.zeros(shape, dtype=torch_dtype(dtype), device=self.device)
-                             for dtype, shape in inputs.outputs.values()]
-            self.slots = [torch.empty_like(returned) for returned in self.returned]
+        # A slot the outputs are linked from (output_link), as the worker's; and, where the worker moves
+        # returned outputs into their slot, outputs to move.
+        self.slots = [torch.zeros(shape, dtype=torch_dtype(dtype), device=self.device)
+                      for dtype, shape in inputs.outputs.values()]
+        self.returned = [torch.zeros_like(slot) for slot in self.slots] if copies_outputs else None
 
     def time_ms(self, batch: Batch) -> float:
         mapped = batch.model_copy(update={"calls": [Call(set=0, slot=0, seed=call.seed) for call in batch.calls]})
@@ -64,7 +64,7 @@ class Baseline:
 
     def _once(self, batch: Batch) -> float:
         start = time.perf_counter()
-        run_batch(batch, self.inputs, self.flush, self._empty_call, self._copy, self.clock)
+        run_batch(batch, self.inputs, self.flush, self._empty_call, self._copy, self.clock, lambda call: self.slots)
         return (time.perf_counter() - start) * 1e3
 
     def _empty_call(self, call: Call) -> None:
@@ -72,7 +72,7 @@ class Baseline:
             self._empty.zero_()
 
     def _copy(self, call: Call) -> None:
-        if self.slots:
+        if self.returned:
             torch._foreach_copy_(self.slots, self.returned)
 
 

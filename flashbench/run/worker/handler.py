@@ -13,7 +13,7 @@ from ...workloads import random_inputs
 from ..arena import export_cuda, open_memfd_arena, views
 from ..protocol import (Batch, BatchDone, Build, CallTimes, Close, Failed, Open, Opened, Probe, ReadTimes, Ready, Setup,
                         receive_fd)
-from ..recipe import CallClock, InputSets, L2Flush, release_cached_memory, run_batch
+from ..recipe import CallClock, InputSets, L2Flush, link_values, release_cached_memory, run_batch
 
 
 class OutputProblem(Exception):
@@ -48,7 +48,8 @@ class Worker:
             if isinstance(request, Batch):
                 return self.job.batch(request)
             if isinstance(request, ReadTimes):
-                return CallTimes(event_ms=self.job.clock.times_ms(), issue_ms=self.job.clock.issue_ms)
+                return CallTimes(event_ms=self.job.clock.times_ms(), issue_ms=self.job.clock.issue_ms,
+                                 links=link_values(self.job.links))
             if isinstance(request, Close):
                 self.job = None
                 release_cached_memory(self.device)  # the arena: the judge counts what an idle worker holds
@@ -104,10 +105,12 @@ class Job:
         self.clock = CallClock(self.device, len(self.slots))  # a batch has at most one call per slot
         self.returned: dict | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.links: list = []  # the last batch's, one per call (run_batch)
 
     def batch(self, request: Batch):
         invoke, after = (self.replay, self.copy_replayed) if request.graph else (self.call, self.store)
-        run_batch(request, self.inputs, self.flush, invoke, after, self.clock)
+        self.links = run_batch(request, self.inputs, self.flush, invoke, after, self.clock,
+                               lambda call: list(self.slots[call.slot].values()))
         return BatchDone()
 
     def arguments(self, call) -> list:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from .build import FolderError, files_hash, folder_files, walk_folder
+from .build import FolderError, files_hash, folder_files, read_file, walk_folder
 from .errors import FlashbenchError
-from .model import REFERENCE, Definition, Solution, WorkloadSet, load_model
+from .model import REFERENCE, Definition, Solution, WorkloadSet, load_model, parse_document, parse_model
 from .model.solution import SHARED_FOLDER
 from .reference import load_reference
 
@@ -94,13 +94,9 @@ MAX_MANIFEST_BYTES = 64 << 10
 
 def load_solution_folder(path: Path) -> SolutionFolder:
     manifest = path / "solution.yaml"
-    if not manifest.is_file():
+    if not os.path.lexists(manifest):
         raise FlashbenchError("no solution.yaml in this folder", path)
-    size = manifest.stat().st_size
-    if size > MAX_MANIFEST_BYTES:  # it travels whole to the worker, whose frames are capped
-        raise FlashbenchError(f"solution.yaml is {size} bytes; a manifest may have {MAX_MANIFEST_BYTES >> 10} KiB",
-                              manifest)
-    solution = load_model(Solution, manifest)
+    solution = parse_model(Solution, parse_document(read_manifest(manifest), manifest, aliases=False), manifest)
     if solution.name == REFERENCE:  # the runner times the definition's own reference under this name
         raise FlashbenchError(f"the name {REFERENCE!r} is the definition's reference's; a solution may not take it",
                               manifest, "name")
@@ -109,6 +105,25 @@ def load_solution_folder(path: Path) -> SolutionFolder:
         where = " (nor in its shared folders)" if solution.shared else ""
         raise FlashbenchError(f"entry file {solution.entry_file} does not exist{where}", manifest, "entry_point")
     return loaded
+
+
+def read_manifest(manifest: Path) -> str:
+    """A solution.yaml's text, read as the folder's other files are (build.read_file: a regular file, never
+    through a link, never blocking), and at most MAX_MANIFEST_BYTES: it travels whole to the worker, whose
+    messages are capped (so YAML aliases, which multiply it once parsed, are refused too)."""
+    if manifest.is_symlink():
+        raise FlashbenchError("solution.yaml is a link; the manifest must be a file of the folder", manifest)
+    try:
+        data = read_file(manifest)
+    except FolderError as exc:
+        raise FlashbenchError(str(exc), manifest) from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise FlashbenchError(f"solution.yaml is {len(data)} bytes; a manifest may have {MAX_MANIFEST_BYTES >> 10} KiB",
+                              manifest)
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise FlashbenchError("solution.yaml is not UTF-8 text", manifest) from None
 
 
 def shared_folders(path: Path, solution: Solution) -> tuple[Path, ...]:

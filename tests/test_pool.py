@@ -20,6 +20,7 @@ from flashbench.run.plan import Job
 from flashbench.run.pool import DevicePool
 from flashbench.run.recorder import TRACE_FILE_CHANGED
 from flashbench.run.session import JobOutcome
+from flashbench.run.supervisor import WorkerGone, WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -90,6 +91,26 @@ def test_when_every_device_fails_the_run_ends(repo_copy, shared_cache, tmp_path)
     assert "nodevice: it cannot be described: " in str(failed.value)  # no such device: no worker is started
     assert f"{BROKEN}: the device check failed: RuntimeError" in str(failed.value)
     assert not any(t.is_alive() for t in threading.enumerate() if t.name.startswith("flashbench "))
+
+
+def test_a_worker_that_cannot_start_for_its_candidate_fails_that_candidate_not_the_device(repo_copy, shared_cache,
+                                                                                         tmp_path, monkeypatch):
+    """A start that fails for what the candidate is (its setup: WorkerGone) is that candidate's outcome on
+    every workload; the device stays, and the next candidate runs on it."""
+    start = WorkerProcess.start
+
+    def refuse_one(setup, *args, **kwargs):
+        if setup.solution.name == "correct_dps":
+            raise WorkerGone("INVALID_SOLUTION", "its manifest makes the worker's first message too large")
+        return start(setup, *args, **kwargs)
+
+    monkeypatch.setattr(WorkerProcess, "start", refuse_one)
+    result = run_on(repo_copy, shared_cache, tmp_path, ["cpu"], solutions=SOLUTIONS[::-1])
+    assert outcomes(result) == {(s, w, status) for s, status in (("reference", "PASSED"),
+                                                                 ("correct_dps", "INVALID_SOLUTION"),
+                                                                 ("torch_vectorized", "PASSED"))
+                                for w in ("smoke_empty_short", "smoke_mixed")}
+    assert all("start: its manifest" in t.message for t in result.traces if t.solution == "correct_dps")
 
 
 # The scheduling rules on a fake JobJudge: jobs take a moment and record which device ran them.

@@ -1,6 +1,7 @@
 """Finding definitions, workload sets and solution folders, and the folder rules the registry enforces."""
 
 import hashlib
+import os
 import shutil
 from pathlib import Path
 
@@ -219,6 +220,36 @@ def test_an_oversized_manifest_is_refused_with_one_line(root):
     with pytest.raises(FlashbenchError) as info:
         load_solution_folder(path)
     assert "a manifest may have 64 KiB" in info.value.message and info.value.file == str(path / "solution.yaml")
+
+
+def test_a_manifest_with_yaml_aliases_is_refused(root):
+    """3,000 aliases of one 2,000-character string: 14 KB of file, 6 MB once parsed, more than the worker's
+    first message may carry (the run ended with a broken pipe)."""
+    path = add_solution(root, DECODE, DECODE)
+    text = (path / "solution.yaml").read_text()
+    (path / "solution.yaml").write_text(text + "target_hardware: [&h " + "H" * 2000 + ", " + ", ".join(["*h"] * 3000) + "]\n")
+    with pytest.raises(FlashbenchError) as info:
+        load_solution_folder(path)
+    assert "a YAML alias" in info.value.message and info.value.file == str(path / "solution.yaml")
+
+
+@pytest.mark.parametrize("target", ["/proc/kmsg", "/dev/zero", "elsewhere.yaml"])
+def test_a_manifest_that_is_a_link_is_refused_without_reading_it(root, target):
+    """Read through a link, /proc/kmsg held a root runner in a blocking read at selection."""
+    path = add_solution(root, DECODE, DECODE)
+    (path / "elsewhere.yaml").write_text((path / "solution.yaml").read_text())
+    (path / "solution.yaml").unlink()
+    (path / "solution.yaml").symlink_to(target)
+    with pytest.raises(FlashbenchError, match="solution.yaml is a link"):
+        load_solution_folder(path)
+
+
+def test_a_manifest_that_is_not_a_regular_file_is_refused_without_blocking(root):
+    path = add_solution(root, DECODE, DECODE)
+    (path / "solution.yaml").unlink()
+    os.mkfifo(path / "solution.yaml")
+    with pytest.raises(FlashbenchError, match="not a regular file"):
+        load_solution_folder(path)
 
 
 # --- shared folders: solutions/_shared/<name>/, named by a solution's `shared` field ---------------

@@ -243,8 +243,20 @@ def host_dir():
     shutil.rmtree(folder, ignore_errors=True)
 
 
+SPEC_FILES: list[Path] = []  # one folder for the module's spec files, removed after its tests
+
+
+@pytest.fixture(scope="module", autouse=True)
+def spec_files():
+    SPEC_FILES.append(Path(tempfile.mkdtemp(prefix="flashbench-sandbox-specs-")))
+    yield
+    shutil.rmtree(SPEC_FILES.pop(), ignore_errors=True)
+
+
 def command(isolation: str, spec: sandbox.SandboxSpec, check: str, *args) -> list[str]:
-    return sandbox.worker_command(isolation, spec, "sandbox_probe", [check, *map(str, args)])
+    fd, name = tempfile.mkstemp(suffix=".json", dir=SPEC_FILES[-1])
+    os.close(fd)
+    return sandbox.worker_command(isolation, spec.write(Path(name)), "sandbox_probe", [check, *map(str, args)])
 
 
 def environment(probe_dir: Path) -> dict[str, str]:
@@ -518,15 +530,20 @@ def test_namespaces_asked_for_where_unshare_fails(monkeypatch):
         sandbox.available_isolation()
 
 
-def test_the_spec_crosses_the_command_line_unchanged():
-    spec = sandbox.SandboxSpec(writable=("/a", "/b"), readable=("/c",), hidden=("/d",), memory_limit_bytes=1 << 33,
+def test_the_spec_crosses_in_a_file_unchanged_however_many_folders_it_names(tmp_path):
+    """A spec names every folder a solution came from: in the command line, 50 long shared folders passed
+    the 128 KiB a string of it may have, and the worker could not start (E2BIG), which took its device out."""
+    hidden = tuple(f"/{'d' * 4000}/{k}" for k in range(50))
+    spec = sandbox.SandboxSpec(writable=("/a", "/b"), readable=("/c",), hidden=hidden, memory_limit_bytes=1 << 33,
                                tmpfs_bytes=1 << 20)
-    assert sandbox.SandboxSpec.from_json(spec.to_json()) == spec
-    command = sandbox.worker_command("namespaces", spec, "flashbench.run.worker", ["3", "4"])
+    spec_file = spec.write(tmp_path / "sandbox.json")
+    assert sandbox.SandboxSpec.from_json(spec_file.read_text()) == spec
+    command = sandbox.worker_command("namespaces", spec_file, "flashbench.run.worker", ["3", "4"])
     assert command[:command.index("--")] == sandbox.UNSHARE
-    assert command[-4:] == ["namespaces", "flashbench.run.worker", "3", "4"]
+    assert command[-5:] == [str(spec_file), "namespaces", "flashbench.run.worker", "3", "4"]
+    assert max(map(len, command)) < 4096
     with pytest.raises(ValueError, match="unknown isolation level 'chroot'"):
-        sandbox.worker_command("chroot", spec, "flashbench.run.worker", [])
+        sandbox.worker_command("chroot", spec_file, "flashbench.run.worker", [])
 
 
 def test_remove_tree_takes_a_folder_deeper_than_the_stack_and_path_max(tmp_path):

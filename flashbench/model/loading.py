@@ -23,6 +23,14 @@ def read_document(path: Path) -> object:
         text = Path(path).read_text()
     except OSError as exc:
         raise FlashbenchError(f"cannot read: {exc.strerror}", path) from None
+    return parse_document(text, path)
+
+
+def parse_document(text: str, path: Path, aliases: bool = True) -> object:
+    """Parse the text of a .yaml/.yml/.json file (`path` names it in errors). aliases=False refuses YAML
+    aliases: each repeats a node, so a few bytes can stand for megabytes once parsed."""
+    if not aliases and Path(path).suffix != ".json":
+        _refuse_aliases(text, path)
     if Path(path).suffix == ".json":
         try:
             return json.loads(text)
@@ -35,6 +43,16 @@ def read_document(path: Path) -> object:
         where = f"line {mark.line + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise FlashbenchError(f"{where}invalid YAML: {problem}", path) from None
+
+
+def _refuse_aliases(text: str, path: Path) -> None:
+    try:
+        for event in yaml.parse(text, Loader=_YAML_LOADER):
+            if isinstance(event, yaml.AliasEvent):
+                line = f"line {event.start_mark.line + 1}: " if event.start_mark else ""
+                raise FlashbenchError(f"{line}a YAML alias; write the value out instead", path)
+    except yaml.YAMLError:
+        return  # the parse that follows names the syntax error
 
 
 def parse_model(cls: type[M], data: object, path: Path) -> M:

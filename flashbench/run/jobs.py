@@ -115,6 +115,11 @@ class JobJudge:
                                          self.config.hidden_from(candidate))
         except OSError as exc:
             raise DeviceUnusable(f"its worker could not start: {exc}") from None
+        except WorkerGone as gone:  # the candidate's doing (its setup), not the device's
+            with self._lock:
+                self._failures.setdefault((str(candidate.folder), candidate.hash), JobOutcome(
+                    status=gone.status, message=f"start: {gone.message}", log=gone.log, worker_usable=False))
+            return None
         try:
             probe = worker.ask(Probe(), DEVICE_CHECK_TIMEOUT_S)
         except WorkerGone as gone:

@@ -124,6 +124,12 @@ class SandboxSpec:
         data = json.loads(text)
         return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in data.items()})
 
+    def write(self, path: Path) -> Path:
+        """The spec in a file, for worker_command: its size grows with the folders a solution names, and
+        a string of the command line may not pass 128 KiB (execve's E2BIG)."""
+        path.write_text(self.to_json())
+        return path
+
 
 # Choosing and starting.
 
@@ -158,9 +164,10 @@ def _namespaces_problem() -> str | None:
     return None
 
 
-def worker_command(isolation: str, spec: SandboxSpec, module: str, args: list[str]) -> list[str]:
-    """The argv that runs `module` as __main__, with `args` as its arguments, inside the sandbox."""
-    boot = [sys.executable, os.path.abspath(__file__), spec.to_json(), isolation, module, *args]
+def worker_command(isolation: str, spec_file: Path, module: str, args: list[str]) -> list[str]:
+    """The argv that runs `module` as __main__, with `args` as its arguments, inside the sandbox the file
+    `spec_file` describes (SandboxSpec.write)."""
+    boot = [sys.executable, os.path.abspath(__file__), str(spec_file), isolation, module, *args]
     if isolation == "namespaces":
         return [*UNSHARE, "--", *boot]
     if isolation == "process":
@@ -760,11 +767,12 @@ def _stat_fields(pid: int, tid: int | None = None) -> list[str] | None:
 
 def _main(argv: list[str]) -> None:
     if len(argv) < 3:
-        sys.exit("usage: sandbox.py SPEC_JSON ISOLATION MODULE [ARGS...]")
-    spec_json, isolation, module, *args = argv
+        sys.exit("usage: sandbox.py SPEC_FILE ISOLATION MODULE [ARGS...]")
+    spec_file, isolation, module, *args = argv
     _import_from_source_root()
     try:
-        enter(SandboxSpec.from_json(spec_json), isolation)
+        with open(spec_file) as spec:
+            enter(SandboxSpec.from_json(spec.read()), isolation)
     except SandboxError as exc:
         sys.exit(f"sandbox: {exc}")
     sys.argv = [module, *args]

@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 
 from . import sandbox
-from .protocol import (BatchDone, Channel, ChannelClosed, ChannelTimeout, Failed, ProtocolError, Ready, Setup, Stop,
-                       fd_socket_pair, frame, parse_reply, send_fd)
+from .protocol import (MAX_FRAME_BYTES, BatchDone, Channel, ChannelClosed, ChannelTimeout, Failed, ProtocolError, Ready,
+                       Setup, Stop, fd_socket_pair, frame, parse_reply, send_fd)
 
 LOG_TAIL_BYTES = 4000
+SPEC_FILE = "sandbox.json"  # in the exchange directory: the sandbox the worker starts in (SandboxSpec.write)
 STOP_ROUNDS = 100  # listings of the sandbox's processes while stopping them (paused)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -58,6 +59,10 @@ class WorkerProcess:
         exchange directories.
         It gets three descriptors: the request pipe, the reply pipe, and its end of the descriptor
         socket, on which a CPU job's arena (a sealed memfd) comes."""
+        setup_frame = frame(setup)  # the worker refuses a larger first frame: say why before it starts
+        if len(setup_frame) > MAX_FRAME_BYTES:
+            raise WorkerGone("INVALID_SOLUTION", f"its manifest makes the worker's first message {len(setup_frame)} "
+                                                 f"bytes; a message may have {MAX_FRAME_BYTES}")
         work_root.mkdir(parents=True, exist_ok=True)
         exchange = Path(tempfile.mkdtemp(prefix="worker-", dir=work_root))
         log_path = exchange.with_suffix(".log")
@@ -69,7 +74,8 @@ class WorkerProcess:
         to_judge, from_worker = _pipe()
         fd_socket, worker_socket = fd_socket_pair()
         passed = (to_worker, from_worker, worker_socket.fileno())
-        command = sandbox.worker_command(isolation, spec, "flashbench.run.worker", [str(fd) for fd in passed])
+        command = sandbox.worker_command(isolation, spec.write(exchange / SPEC_FILE), "flashbench.run.worker",
+                                         [str(fd) for fd in passed])
         log_fd = None
         try:
             with open(log_path, "ab") as log:
@@ -84,13 +90,18 @@ class WorkerProcess:
             for fd in (to_judge, from_judge) if log_fd is None else (to_judge, from_judge, log_fd):
                 os.close(fd)
             fd_socket.close()
+            sandbox.remove_tree(exchange)
+            log_path.unlink(missing_ok=True)
             raise
         finally:
             os.close(to_worker)
             os.close(from_worker)
             worker_socket.close()
         worker = cls(process, Channel(to_judge, from_judge), exchange, log_path, isolation, fd_socket, log_fd)
-        worker.channel.send(setup)  # read before any solution code is imported
+        try:
+            worker.channel.send(setup_frame)  # read before any solution code is imported
+        except (ChannelClosed, ChannelTimeout):
+            raise worker.end("CRASHED", "the worker ended before it read its setup") from None
         os.set_blocking(from_judge, False)  # from here on, every request has a deadline (Channel.send)
         return worker
 

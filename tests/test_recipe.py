@@ -123,6 +123,31 @@ def test_a_redrawn_window_is_the_same_on_both_sides_and_changes_the_set(decode_i
     assert any(not torch.equal(worker.sets[0][n], judge.sets[0][n]) for n in names)
 
 
+def test_inputs_with_a_row_per_output_row_are_drawn_whole_the_rest_by_a_window(decode_inputs, monkeypatch):
+    """The queries (first axis: the outputs' batch) are drawn afresh whole by every call, alike on both
+    sides; the caches change only in their window (here 64 bytes)."""
+    import flashbench.workloads as workloads
+    monkeypatch.setattr(workloads, "REDRAW_WINDOW_BYTES", 64)
+    definition, workload, made = decode_inputs
+    names = random_inputs(definition, workload)
+    assert workloads.whole_redrawn(definition, names) == ["q_nope", "q_pe"]
+    sides = [InputSets(definition, workload, [{k: v.clone() for k, v in made.items()}], names) for _ in range(2)]
+    calls = [Call(set=0, slot=0, seed=455), Call(set=0, slot=1, seed=456)]
+    for sets in sides:
+        sets.draw(seed=123, calls=calls)
+        sets.redraw(1, 99)
+    worker, judge = (side.sets[0] for side in sides)
+    assert all(torch.equal(worker[name], judge[name]) for name in names)
+    for name in ("q_nope", "q_pe"):
+        assert (worker[name] != made[name]).float().mean() > 0.99
+    for name in ("ckv_cache", "kpe_cache"):
+        changed = int((worker[name] != made[name]).sum())
+        assert 0 < changed <= 64 // worker[name].element_size()
+    sides[1].draw(seed=123, calls=[calls[0], Call(set=0, slot=1, seed=457)])
+    sides[1].redraw(1, 99)
+    assert not torch.equal(sides[1].sets[0]["q_nope"], worker["q_nope"])  # another call, other queries
+
+
 def test_every_call_of_a_batch_sees_fresh_generated_data_on_both_sides():
     """The FP8 quantize definition's only input is generated: the worker's and the judge's batch
     (run_batch, one code path) give each call a cache of its own, the same on both sides."""

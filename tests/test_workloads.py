@@ -277,6 +277,31 @@ def test_uniform_random_inputs(decode):
     assert q_pe.min() >= 2 and q_pe.max() <= 3
 
 
+@pytest.mark.parametrize("spec, dtype", [
+    ({"type": "random", "distribution": "uniform", "low": 2, "high": 3}, torch.bfloat16),
+    ({"type": "random", "mean": 5.0, "std": 0.5}, torch.float32),
+    ({"type": "random", "low": 0, "high": 7}, torch.int32),
+])
+def test_a_whole_refill_draws_every_element_in_place_by_its_seed(spec, dtype):
+    from flashbench.model.workload import RandomInput
+    from flashbench.workloads.tensors import refill_random
+    spec = RandomInput.model_validate(spec)
+    drawn = [torch.full((64, 32), -1, dtype=dtype) for _ in range(3)]
+    buffers = [t.data_ptr() for t in drawn]
+    for tensor, seed in zip(drawn, (11, 11, 12)):
+        refill_random(tensor, spec, seed, torch.Generator())
+    assert [t.data_ptr() for t in drawn] == buffers  # in place
+    assert torch.equal(drawn[0], drawn[1]) and not torch.equal(drawn[0], drawn[2])
+    values = drawn[0].double()
+    assert not (values == -1).any()
+    if spec.distribution == "uniform":
+        assert values.min() >= 2 and values.max() <= 3
+    elif dtype.is_floating_point:
+        assert abs(values.mean().item() - 5.0) < 0.1 and abs(values.std().item() - 0.5) < 0.1
+    else:
+        assert values.min() >= 0 and values.max() < 7
+
+
 def test_repo_workload_files_validate(repo):
     results = validate(repo, [REPO / "definitions"])
     kinds = [c.kind for c in results]

@@ -7,9 +7,10 @@ set's random inputs redrawn (when the call has a seed), the L2 flushed, then the
 clock readings. A call's own host work is a few launches, so on a GPU a batch is bound by the
 device's time, which is what the judge's clock has to see.
 
-What a call redraws: a window of every random input, and of every input a generator makes that
-carries data (an FP8 KV cache: fresh tokens quantised as the generator quantises them, only in the
-rows that carry data); index structure never changes. The worker does it in its arena, the judge
+What a call redraws: every random input with a row per output row whole (workloads.whole_redrawn:
+the queries), a window of every random input, and of every input a generator makes that carries
+data (an FP8 KV cache: fresh tokens quantised as the generator quantises them, only in the rows
+that carry data); index structure never changes. The worker does it in its arena, the judge
 on its own copies: InputSets is the one code path of both.
 
 Each call's redraw also depends on the outputs of the call before it (output_link): its windows are
@@ -30,7 +31,7 @@ import torch
 
 from ..model import Definition, Workload
 from ..workloads import (GeneratedData, data_window_copies, data_window_spans, draw_data_windows, draw_windows, redrawn_data,
-                         window_copies, window_spans, window_starts)
+                         refill_whole, whole_redrawn, window_copies, window_spans, window_starts)
 from .protocol import Batch, Call
 
 FLUSH_BYTES = 256 << 20  # over 4x the H200's 60 MB L2
@@ -190,8 +191,11 @@ class InputSets:
     _fresh_data: dict = field(default_factory=dict, init=False)
     _starts: dict = field(default_factory=dict, init=False)
     _positions: dict = field(default_factory=dict, init=False)  # 0..n-1 by (n, device), made once
+    _whole: list[str] = field(init=False)  # random inputs each call draws whole (workloads.whole_redrawn)
+    _generators: dict = field(default_factory=dict, init=False)
 
     def __post_init__(self):
+        self._whole = whole_redrawn(self.definition, self.random_names)
         self.data = redrawn_data(self.definition, self.workload, self.sets[0])
         self._spans = {**window_spans(self.sets[0], self.random_names), **data_window_spans(self.sets[0], self.data)}
 
@@ -209,6 +213,7 @@ class InputSets:
         if call.seed is None:
             return
         inputs = self.sets[call.set]
+        refill_whole(self.workload, inputs, self._whole, call.seed, self._generators)
         sliced, indexed = data_window_copies(inputs, self.data, self._fresh_data, k, self._starts)
         copies = window_copies(inputs, self._fresh, k, self._starts) + sliced
         if link is not None:

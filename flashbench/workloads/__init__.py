@@ -5,7 +5,8 @@ workload always has the same lengths and pages; tensor contents (random inputs, 
 generator makes, e.g. an FP8 KV cache) are seeded by the input set's seed, so several seeds give
 independent input sets of the same shape, and a run whose seeds are secret has secret data.
 
-Every call then redraws a window of each data input in place (draw_windows/window_copies for random
+Every call then redraws the random inputs with a row per output row whole (whole_redrawn,
+refill_whole) and a window of each data input in place (draw_windows/window_copies for random
 inputs, draw_data_windows/data_window_copies for generated data), from seeds revealed only in the
 batch that makes the call: no output can be precomputed, and no cache of earlier calls answers one.
 unredrawn_data_inputs names what carries data yet never changes (outputs that could be memoized).
@@ -23,11 +24,12 @@ from ..dtypes import is_float
 from ..model import Definition, Workload
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 from .generators import DATA_OUTPUTS, GENERATORS, GeneratedData, sample_lengths
-from .tensors import DEFAULT_RANDOM, random_tensor, safetensors_tensor, scalar_value
+from .tensors import DEFAULT_RANDOM, random_tensor, refill_random, safetensors_tensor, scalar_value
 
-__all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "draw_windows",
-           "window_copies", "window_spans", "window_starts", "generated_data", "redrawn_data", "draw_data_windows",
-           "data_window_copies", "data_window_spans", "unredrawn_data_inputs", "sample_lengths", "structured_inputs"]
+__all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "whole_redrawn",
+           "refill_whole", "draw_windows", "window_copies", "window_spans", "window_starts", "generated_data",
+           "redrawn_data", "draw_data_windows", "data_window_copies", "data_window_spans", "unredrawn_data_inputs",
+           "sample_lengths", "structured_inputs"]
 
 
 def derive_seed(*parts: object) -> int:
@@ -82,10 +84,33 @@ def random_inputs(definition: Definition, workload: Workload) -> list[str]:
     ]
 
 
+def whole_redrawn(definition: Definition, names: list[str]) -> list[str]:
+    """The random inputs among `names` that every call draws whole, not by a window: those whose first axis
+    is the first axis of an output (a row of queries for a row of outputs). A window of one changes a few
+    output rows; a solution could keep the others from the call before and compute only the rows whose
+    inputs changed, which it finds by comparing its inputs with a copy (one read: cheap next to a
+    compute-bound prefill). A fresh draw of every row leaves no output as it was."""
+    leading = {spec.shape[0] for spec in definition.outputs.values() if spec.shape}
+    return [name for name in names if definition.inputs[name].shape and definition.inputs[name].shape[0] in leading]
+
+
 # A call's fresh data: all of a random input up to this size, else a window this large at an offset
 # drawn from the call's seed. A cache of earlier results, or of anything derived from an input, then
 # misses part of every call's changes unless it reads the whole input again.
 REDRAW_WINDOW_BYTES = 1 << 20
+
+
+def refill_whole(workload: Workload, inputs: dict[str, Any], names: list[str], call_seed: int,
+                 generators: dict) -> None:
+    """A call's fresh draw of each of `names` (whole_redrawn), in place, from the call's seed. `generators`
+    keeps one torch generator per device across calls."""
+    for name in names:
+        tensor = inputs[name]
+        generator = generators.get(tensor.device)
+        if generator is None:
+            generator = generators[tensor.device] = torch.Generator(device=tensor.device)
+        refill_random(tensor, workload.inputs.get(name, DEFAULT_RANDOM), derive_seed(call_seed, workload.uuid, name,
+                                                                                    "whole"), generator)
 
 
 def window_elements(tensor) -> int:

@@ -31,6 +31,20 @@ def random_tensor(spec: RandomInput, shape: list[int], dtype: str, seed: int, de
     return values.to(target)
 
 
+def refill_random(tensor: torch.Tensor, spec: RandomInput, seed: int, generator: torch.Generator) -> None:
+    """Every element of `tensor` drawn afresh in place from `spec`, seeded by `seed` (`generator`, on the
+    tensor's device, is reseeded): floating-point data in one pass in its own dtype; other dtypes through
+    random_tensor."""
+    if not tensor.is_floating_point():
+        tensor.copy_(random_tensor(spec, list(tensor.shape), dtype_name(tensor.dtype), seed, str(tensor.device)))
+        return
+    generator.manual_seed(seed)
+    if spec.distribution == "uniform":
+        tensor.uniform_(spec.low or 0.0, 1.0 if spec.high is None else spec.high, generator=generator)
+    else:
+        tensor.normal_(spec.mean, spec.std, generator=generator)
+
+
 def scalar_value(spec: ScalarInput, dtype: str):
     if dtype == "bool":
         return bool(spec.value)

@@ -207,8 +207,9 @@ class InputSets:
         self._starts = window_starts(seed, [call.seed or 0 for call in calls], self._spans)
 
     def redraw(self, k: int, link: torch.Tensor | int | None = None) -> None:
-        """Call `k` of the batch drawn last: its windows written into its set (nothing without a seed),
-        each rotated by `link` (output_link of the call before; the judge passes the integer) when given."""
+        """Call `k` of the batch drawn last, on its set (nothing without a seed): the inputs with a row per
+        output row drawn afresh whole, then its windows written, each rotated by `link` (output_link of the
+        call before; the judge passes the integer) when given."""
         call = self._calls[k]
         if call.seed is None:
             return

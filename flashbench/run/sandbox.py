@@ -770,9 +770,9 @@ def _main(argv: list[str]) -> None:
         sys.exit("usage: sandbox.py SPEC_FILE ISOLATION MODULE [ARGS...]")
     spec_file, isolation, module, *args = argv
     _import_from_source_root()
+    spec = SandboxSpec.from_json(Path(spec_file).read_text())
     try:
-        with open(spec_file) as spec:
-            enter(SandboxSpec.from_json(spec.read()), isolation)
+        enter(spec, isolation)
     except SandboxError as exc:
         sys.exit(f"sandbox: {exc}")
     sys.argv = [module, *args]

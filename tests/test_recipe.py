@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from flashbench.run.protocol import Batch, Call
-from flashbench.run.recipe import (FLUSH_METHODS, CallClock, InputSets, L2Flush, flush_label, link_values,
-                                   output_link, release_cached_memory, run_batch)
+from flashbench.run.recipe import (FLUSH_METHODS, LINK_PRIME, CallClock, InputSets, L2Flush, flush_label, link_values,
+                                   output_link, release_cached_memory, run_batch, window_shifts)
 from flashbench.workloads import random_inputs
 
 
@@ -121,6 +121,19 @@ def test_a_redrawn_window_is_the_same_on_both_sides_and_changes_the_set(decode_i
     worker.draw(seed=124, calls=calls)
     worker.redraw(1)
     assert any(not torch.equal(worker.sets[0][n], judge.sets[0][n]) for n in names)
+
+
+def test_each_window_is_rotated_by_31_bits_of_the_link_its_own_way():
+    """Links that agree in their low bits (here: differ by a window's length, 2^19) rotate windows apart;
+    two windows of one call are rotated by different amounts; the worker's tensor and the judge's integer
+    give the same shifts."""
+    link = 123456789012345
+    shifts = window_shifts(torch.tensor(link), 4, "cpu")
+    assert shifts.tolist() == window_shifts(link, 4, "cpu").tolist()
+    assert len(set(shifts.tolist())) == 4 and all(0 <= v < LINK_PRIME for v in shifts.tolist())
+    assert (window_shifts(link + (1 << 19), 4, "cpu") % (1 << 19) != shifts % (1 << 19)).all()
+    assert window_shifts((1 << 63) - 1, 2, "cpu").tolist() == window_shifts(torch.tensor((1 << 63) - 1), 2, "cpu").tolist()
+    assert window_shifts(-(1 << 63), 2, "cpu").tolist() == window_shifts(torch.tensor(-(1 << 63)), 2, "cpu").tolist()
 
 
 def test_inputs_with_a_row_per_output_row_are_drawn_whole_the_rest_by_a_window(decode_inputs, monkeypatch):

@@ -14,7 +14,7 @@ that carry data); index structure never changes. The worker does it in its arena
 on its own copies: InputSets is the one code path of both.
 
 Each call's redraw also depends on the outputs of the call before it (output_link): its windows are
-rotated by a number reduced from those outputs. A call's outputs must therefore be final when the
+rotated by amounts derived from a number reduced from those outputs (window_shifts). A call's outputs must therefore be final when the
 next call's steps begin. Work a call leaves running after it returns (on another stream, in a thread)
 would have the next inputs drawn from unfinished outputs, which the judge sees when it checks the
 links of the calls it reads; and a worker that draws the next inputs from the right number has to
@@ -107,6 +107,21 @@ def output_link(outputs: list[torch.Tensor]) -> torch.Tensor:
         total = tensor.reshape(-1).view(WORD_DTYPES[tensor.element_size()]).sum(dtype=torch.int64)
         link = total if link is None else link + total * (2 * i + 1)
     return link
+
+
+# A window's rotation is the link modulo this prime, times a multiplier of the window's own, modulo it again:
+# every window depends on 31 bits of the link, and each on them differently. (The link modulo the window's
+# length, the earlier form, tied all windows to the same ~19 low bits: a worker could nudge finished outputs
+# within the tolerance until their sum had low bits it picked before they were done.) Products stay under
+# 2^62, so the worker's tensors and the judge's integers agree exactly.
+LINK_PRIME = (1 << 31) - 1
+
+
+def window_shifts(link: torch.Tensor | int, windows: int, device) -> torch.Tensor:
+    """The rotation of each of a call's `windows` windows (int64, in [0, LINK_PRIME)) from the link."""
+    multipliers = (torch.arange(1, windows + 1, dtype=torch.int64, device=device) * 0x9E3779B1) % LINK_PRIME
+    base = link % LINK_PRIME if isinstance(link, int) else torch.remainder(link, LINK_PRIME)
+    return (multipliers * base).remainder_(LINK_PRIME)
 
 
 def link_values(links: list[torch.Tensor | None]) -> list[int]:
@@ -217,26 +232,24 @@ class InputSets:
         refill_whole(self.workload, inputs, self._whole, call.seed, self._generators)
         sliced, indexed = data_window_copies(inputs, self.data, self._fresh_data, k, self._starts)
         copies = window_copies(inputs, self._fresh, k, self._starts) + sliced
-        if link is not None:
-            orders: dict = {}
-            copies = [(target, self._rotated(source, link, orders)) for target, source in copies]
-            indexed = [(table, rows, self._rotated(window, link, orders)) for table, rows, window in indexed]
+        if link is not None and (copies or indexed):
+            sources = [source for _, source in copies] + [window for _, _, window in indexed]
+            shifts = window_shifts(link, len(sources), sources[0].device)
+            copies = [(target, self._rotated(source, shifts[j])) for j, (target, source) in enumerate(copies)]
+            indexed = [(table, rows, self._rotated(window, shifts[len(copies) + j]))
+                       for j, (table, rows, window) in enumerate(indexed)]
         if copies:
             torch._foreach_copy_([target for target, _ in copies], [source for _, source in copies])
         for table, rows, window in indexed:
             table.index_copy_(0, rows, window)
 
-    def _rotated(self, source: torch.Tensor, link: torch.Tensor | int, orders: dict) -> torch.Tensor:
-        """`source` rotated along its first dimension by `link` (one gather; the order is shared by the
-        call's windows of the same length)."""
+    def _rotated(self, source: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """`source` rotated along its first dimension by `shift` (window_shifts; one gather)."""
         n = source.shape[0]
         key = (n, source.device)
-        if key not in orders:
-            if key not in self._positions:
-                self._positions[key] = torch.arange(n, dtype=torch.int64, device=source.device)
-            shift = link % n if isinstance(link, int) else torch.remainder(link, n)
-            orders[key] = (self._positions[key] + shift).remainder_(n)
-        return source.index_select(0, orders[key])
+        if key not in self._positions:
+            self._positions[key] = torch.arange(n, dtype=torch.int64, device=source.device)
+        return source.index_select(0, (self._positions[key] + shift).remainder_(n))
 
     @property
     def redrawn_names(self) -> list[str]:

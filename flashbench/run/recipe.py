@@ -22,6 +22,7 @@ wait for the call before. So calls cannot overlap each other or the next call's 
 """
 
 import contextlib
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -119,9 +120,14 @@ LINK_PRIME = (1 << 31) - 1
 
 def window_shifts(link: torch.Tensor | int, windows: int, device) -> torch.Tensor:
     """The rotation of each of a call's `windows` windows (int64, in [0, LINK_PRIME)) from the link."""
-    multipliers = (torch.arange(1, windows + 1, dtype=torch.int64, device=device) * 0x9E3779B1) % LINK_PRIME
     base = link % LINK_PRIME if isinstance(link, int) else torch.remainder(link, LINK_PRIME)
-    return (multipliers * base).remainder_(LINK_PRIME)
+    return (_multipliers(windows, torch.device(device)) * base).remainder_(LINK_PRIME)
+
+
+@functools.cache
+def _multipliers(windows: int, device: torch.device) -> torch.Tensor:
+    """Each window's multiplier: distinct, non-zero modulo LINK_PRIME (made once: a call's steps are launches)."""
+    return (torch.arange(1, windows + 1, dtype=torch.int64, device=device) * 0x9E3779B1) % LINK_PRIME
 
 
 def link_values(links: list[torch.Tensor | None]) -> list[int]:

@@ -96,7 +96,7 @@ def load_solution_folder(path: Path) -> SolutionFolder:
     manifest = path / "solution.yaml"
     if not os.path.lexists(manifest):
         raise FlashbenchError("no solution.yaml in this folder", path)
-    solution = parse_model(Solution, parse_document(read_manifest(manifest), manifest, aliases=False), manifest)
+    solution = parse_model(Solution, parse_document(read_manifest(manifest), manifest, untrusted=True), manifest)
     if solution.name == REFERENCE:  # the runner times the definition's own reference under this name
         raise FlashbenchError(f"the name {REFERENCE!r} is the definition's reference's; a solution may not take it",
                               manifest, "name")
@@ -245,15 +245,28 @@ class Repo:
         return workload_set
 
     def solution_folders(self, name: str) -> list[SolutionFolder]:
+        """The definition's valid solution folders. One that is not valid is left out, never the end of
+        the others (invalid_solution_folders says why): one bad folder of a shared repository stopped every
+        run of its definition."""
+        return self._solution_folders(name)[0]
+
+    def invalid_solution_folders(self, name: str) -> list[FlashbenchError]:
+        """Why each folder under solutions/<definition>/ that solution_folders leaves out is not valid."""
+        return self._solution_folders(name)[1]
+
+    def _solution_folders(self, name: str) -> tuple[list[SolutionFolder], list[FlashbenchError]]:
         definition = self.resolve(name)
-        folder = self.root / "solutions" / definition
-        found = []
-        for manifest in sorted(folder.glob("*/solution.yaml")):
-            loaded = load_solution_folder(manifest.parent)
+        found, problems = [], []
+        for manifest in sorted((self.root / "solutions" / definition).glob("*/solution.yaml")):
+            try:
+                loaded = load_solution_folder(manifest.parent)
+            except FlashbenchError as problem:
+                problems.append(problem)
+                continue
             if loaded.solution.definition != definition:
-                raise FlashbenchError(
+                problems.append(FlashbenchError(
                     f"names definition {loaded.solution.definition!r} but sits under solutions/{definition}/",
-                    manifest, "definition",
-                )
+                    manifest, "definition"))
+                continue
             found.append(loaded)
-        return found
+        return found, problems

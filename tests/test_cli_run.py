@@ -51,6 +51,25 @@ def test_run_prints_the_summary_and_records_traces(module_repo, tmp_path):
     assert not (module_repo / "traces").exists()
 
 
+def test_an_invalid_folder_under_solutions_is_skipped_and_the_others_run(fresh_repo, tmp_path):
+    """One folder with a bad manifest stopped every run of its definition: now it is named on one line,
+    the others run, and the exit status says something was left out."""
+    solutions = fresh_repo / "solutions" / DEFINITION
+    shutil.rmtree(solutions, ignore_errors=True)
+    solutions.mkdir(parents=True)
+    shutil.copytree(FIXTURES / "correct_dps", solutions / "correct_dps")
+    shutil.copytree(FIXTURES.parent / "_shared" / "decode_support", fresh_repo / "solutions" / "_shared" / "decode_support")
+    (solutions / "bad").mkdir()
+    (solutions / "bad" / "solution.yaml").write_text("name: bad\nbogus: 1\n")
+    result = invoke(fresh_repo, "run", "--def", "mla_paged_decode", "--workload", "smoke_mixed",
+                    "--trace-dir", str(tmp_path), *FAST)
+    assert result.exit_code == 1, result.output
+    output = result.output.replace("\n", "")  # long lines wrap
+    assert f"skipped an invalid solution folder: {solutions / 'bad' / 'solution.yaml'}: definition: Field required" in output
+    assert "correct_dps smoke_mixed PASSED" in result.output
+    assert "0 of 2 pair(s) did not pass; 1 invalid solution folder(s) skipped" in output
+
+
 def test_run_with_an_unknown_solution_is_one_line_and_exit_2(module_repo, tmp_path):
     result = invoke(module_repo, "run", "--def", "mla_paged_decode", "--solution", "no_such_solution",
                     "--trace-dir", str(tmp_path), *FAST)

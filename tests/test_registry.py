@@ -149,10 +149,10 @@ def test_solution_folders_are_found(root):
 
 def test_solution_folder_under_the_wrong_definition(root):
     path = add_solution(root, DECODE, PREFILL)
-    with pytest.raises(FlashbenchError) as info:
-        Repo(root).solution_folders(DECODE)
-    assert info.value.file == str(path / "solution.yaml") and info.value.field == "definition"
-    assert f"solutions/{DECODE}/" in info.value.message
+    assert Repo(root).solution_folders(DECODE) == []
+    [problem] = Repo(root).invalid_solution_folders(DECODE)
+    assert problem.file == str(path / "solution.yaml") and problem.field == "definition"
+    assert f"solutions/{DECODE}/" in problem.message
 
     results = {c.path: c for c in validate(Repo(root), [path])}
     assert results[path].kind == "solution" and not results[path].ok
@@ -163,8 +163,9 @@ def test_solution_with_missing_entry_file(root):
     path = add_solution(root, DECODE, DECODE)
     (path / "kernel.py").unlink()
     with pytest.raises(FlashbenchError) as info:
-        Repo(root).solution_folders(DECODE)
+        load_solution_folder(path)
     assert info.value.field == "entry_point" and "kernel.py" in info.value.message
+    assert Repo(root).solution_folders(DECODE) == [] and len(Repo(root).invalid_solution_folders(DECODE)) == 1
 
 
 def test_solution_naming_an_unknown_definition_fails_validation(root):
@@ -231,6 +232,26 @@ def test_a_manifest_with_yaml_aliases_is_refused(root):
     with pytest.raises(FlashbenchError) as info:
         load_solution_folder(path)
     assert "a YAML alias" in info.value.message and info.value.file == str(path / "solution.yaml")
+
+
+def test_a_manifest_nested_past_the_limit_is_refused_before_it_is_built(root):
+    """32,000 nested brackets (64 KB) made libyaml's composer overflow the C stack: the runner died (SIGSEGV)."""
+    path = add_solution(root, DECODE, DECODE)
+    text = (path / "solution.yaml").read_text()
+    (path / "solution.yaml").write_text(text + "target_hardware: " + "[" * 32000 + "]" * 32000 + "\n")
+    with pytest.raises(FlashbenchError, match="nested deeper than 32 levels"):
+        load_solution_folder(path)
+
+
+def test_an_invalid_folder_leaves_the_definitions_other_folders_usable(root):
+    """One bad folder under solutions/<definition>/ stopped every run of the definition."""
+    good = add_solution(root, DECODE, DECODE, name="good")
+    bad = add_solution(root, DECODE, DECODE, name="bad")
+    (bad / "solution.yaml").write_text((bad / "solution.yaml").read_text() + "bogus: 1\n")
+    repo = Repo(root)
+    assert [f.path for f in repo.solution_folders(DECODE)] == [good]
+    [problem] = repo.invalid_solution_folders(DECODE)
+    assert problem.file == str(bad / "solution.yaml") and "unknown key" in problem.message
 
 
 @pytest.mark.parametrize("target", ["/proc/kmsg", "/dev/zero", "elsewhere.yaml"])

@@ -16,6 +16,7 @@ from rich.table import Table
 from ..api import run_options, run_report
 from ..errors import FlashbenchError
 from ..model.run_report import HOST_CLOCK
+from ..model.trace import printable_line
 from ..registry import load_solution_folder
 from ..traces import TIMING_METHODS
 from ..run import RunOptions, RunResult, Runner, install_solution, select_solutions, select_workloads
@@ -218,7 +219,8 @@ def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, flus
     Exit codes:
       0    every pair passed (or --allow-fail)
       1    a pair did not pass: any status but PASSED, MISSING_DEPENDENCY included; with
-           --resume, pairs recorded before and skipped count with their recorded status
+           --resume, pairs recorded before and skipped count with their recorded status; or, with
+           no --solution, a folder under solutions/ was invalid (skipped, the others ran)
       2    bad input: unknown definition, solution or workload, flags that do not fit, no such device
       130  interrupted (Ctrl-C): what finished is summarised, with the command that continues (--resume)
     """
@@ -228,6 +230,9 @@ def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, flus
                           devices, backend, address, flush, checked_calls)
     folders = select_solutions(repo, name, list(solutions), options.cache_dir)
     chosen = select_workloads(repo, name, list(workloads), options.device)
+    invalid = [] if solutions else repo.invalid_solution_folders(name)  # all of them: the others still run
+    for problem in invalid:
+        errors.print(f"skipped an invalid solution folder: {escape(printable_line(str(problem)))}", highlight=False)
     with human_output(as_json):
         result, interrupted = execute(repo, name, folders, chosen, options)
     if as_json:
@@ -238,10 +243,11 @@ def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, flus
     # A resumed run answers for the pairs it skipped too: their recorded outcome is this run's.
     pairs = [*result.skipped, *result.traces]
     failed = [t for t in pairs if t.status != "PASSED"]
-    if failed and not allow_fail:
+    if (failed or invalid) and not allow_fail:
         earlier = sum(t.status != "PASSED" for t in result.skipped)
         errors.print(f"{len(failed)} of {len(pairs)} pair(s) did not pass"
                      + (f" ({earlier} recorded before this run, --resume)" if earlier else "")
+                     + (f"; {len(invalid)} invalid solution folder(s) skipped" if invalid else "")
                      + " (exit 1; --allow-fail exits 0)", highlight=False)
         ctx.exit(1)
 

@@ -26,16 +26,24 @@ def read_document(path: Path) -> object:
     return parse_document(text, path)
 
 
-def parse_document(text: str, path: Path, aliases: bool = True) -> object:
-    """Parse the text of a .yaml/.yml/.json file (`path` names it in errors). aliases=False refuses YAML
-    aliases: each repeats a node, so a few bytes can stand for megabytes once parsed."""
-    if not aliases and Path(path).suffix != ".json":
-        _refuse_aliases(text, path)
+# How deep an untrusted document may nest. libyaml's composer recurses once per level in C: a manifest
+# of 32,000 nested brackets (64 KB) overflowed the stack and killed the runner (SIGSEGV).
+MAX_UNTRUSTED_DEPTH = 32
+
+
+def parse_document(text: str, path: Path, untrusted: bool = False) -> object:
+    """Parse the text of a .yaml/.yml/.json file (`path` names it in errors). An untrusted document (a
+    solution's manifest) may not use YAML aliases (each repeats a node, so a few bytes can stand for
+    megabytes once parsed) nor nest deeper than MAX_UNTRUSTED_DEPTH."""
     if Path(path).suffix == ".json":
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
             raise FlashbenchError(f"line {exc.lineno}: invalid JSON: {exc.msg}", path) from None
+        except RecursionError:
+            raise FlashbenchError("nested too deeply", path) from None
+    if untrusted:
+        _check_untrusted_yaml(text, path)
     try:
         return yaml.load(text, Loader=_YAML_LOADER)
     except yaml.YAMLError as exc:
@@ -45,12 +53,21 @@ def parse_document(text: str, path: Path, aliases: bool = True) -> object:
         raise FlashbenchError(f"{where}invalid YAML: {problem}", path) from None
 
 
-def _refuse_aliases(text: str, path: Path) -> None:
+def _check_untrusted_yaml(text: str, path: Path) -> None:
+    """The document's events, before anything is built from them: no alias, no nesting past the limit
+    (the parser keeps its own stack; the composer would recurse)."""
+    depth = 0
     try:
         for event in yaml.parse(text, Loader=_YAML_LOADER):
+            line = f"line {event.start_mark.line + 1}: " if event.start_mark else ""
             if isinstance(event, yaml.AliasEvent):
-                line = f"line {event.start_mark.line + 1}: " if event.start_mark else ""
                 raise FlashbenchError(f"{line}a YAML alias; write the value out instead", path)
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_UNTRUSTED_DEPTH:
+                    raise FlashbenchError(f"{line}nested deeper than {MAX_UNTRUSTED_DEPTH} levels", path)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
     except yaml.YAMLError:
         return  # the parse that follows names the syntax error
 

@@ -17,8 +17,8 @@ Each call's redraw also depends on the outputs of the call before it (output_lin
 rotated by amounts derived from a number reduced from those outputs (window_shifts). A call's outputs must therefore be final when the
 next call's steps begin. Work a call leaves running after it returns (on another stream, in a thread)
 would have the next inputs drawn from unfinished outputs, which the judge sees when it checks the
-links of the calls it reads; and a worker that draws the next inputs from the right number has to
-wait for the call before. So calls cannot overlap each other or the next call's redraw.
+links of the calls it reads (docs/threat_model.md, class 5b, says what a worker that rewrites these
+steps can still do).
 """
 
 import contextlib

@@ -13,6 +13,7 @@ outputs kept in memory."""
 import contextlib
 import math
 import textwrap
+import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,10 +27,10 @@ from flashbench.run import RunOptions, Runner, sandbox, select_solutions, select
 from flashbench.run.judge.check import CheckedCall
 from flashbench.run.judge.references import ReferenceStore
 from flashbench.run.options import MIN_BATCHES
-from flashbench.run.session import PAUSE_ATTEMPTS, Session, SessionSettings, _Job, _poison, _Stop, _Times
+from flashbench.run.session import PAUSE_ATTEMPTS, Session, SessionSettings, _Deadline, _Job, _poison, _Stop, _Times
 from flashbench.run.protocol import Batch
 from flashbench.run.recipe import output_link
-from flashbench.run.supervisor import WorkerProcess
+from flashbench.run.supervisor import WorkerGone, WorkerProcess
 
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
 FIXTURES = Path(__file__).parent / "fixtures" / "solutions" / DEFINITION
@@ -235,6 +236,29 @@ def test_a_number_of_checked_calls_picks_that_many_distinct_calls_and_one_in_eve
 def test_under_graph_replay_every_call_can_be_picked_too():
     picked = job(graph=True).pick_checks(batches=2, size=5)
     assert {b: sorted(ks) for b, ks in picked.items()} == {0: [0, 1, 2, 3, 4], 1: [0, 1, 2, 3, 4]}
+
+
+def test_a_workloads_timeout_holds_for_all_of_its_requests_together():
+    """A worker that answers each untimed request a little under the timeout held its lane for a timeout per
+    request and still PASSED: every request now gets what is left of the workload's."""
+    given = []
+
+    class SlowWorker:
+        def timed_ask(self, request, timeout, fd=None):
+            given.append(timeout)
+            if timeout < 0.05:
+                raise WorkerGone("TIMEOUT", f"no answer within {timeout:g} s", "log")
+            time.sleep(0.05)
+            return "reply", 50.0
+
+    deadline = _Deadline(0.12)
+    assert deadline.ask(SlowWorker(), "request") == "reply"
+    assert deadline.timed_ask(SlowWorker(), "request") == ("reply", 50.0)
+    with pytest.raises(WorkerGone) as gone:
+        deadline.ask(SlowWorker(), "request")
+    assert gone.value.status == "TIMEOUT" and gone.value.log == "log"
+    assert gone.value.message == "no answer within the workload's 0.12 s (its timeout, for all its requests)"
+    assert given[0] <= 0.12 and given[1] < given[0] and given[2] < 0.05
 
 
 def test_a_picked_call_linked_to_outputs_other_than_those_its_predecessor_left_is_rejected():

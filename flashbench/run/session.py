@@ -11,6 +11,7 @@ finally check the picked outputs against the reference on the same inputs.
 import math
 import random
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,39 +116,40 @@ class Session:
 
     def _run(self, worker, workload, destination_passing) -> JobOutcome:
         settings = self.settings
+        deadline = _Deadline(settings.timeout)
         inputs = JobInputs(self.definition, workload, settings.set_seeds, self.device, settings.base_dir)
         sets = len(settings.set_seeds)
         out_bytes = sum(math.prod(shape) * torch.empty((), dtype=torch_dtype(dtype)).element_size() for dtype, shape in inputs.outputs.values())
         slots = max(sets + 1, min(settings.max_batch, settings.slot_budget_bytes // max(out_bytes, 1)))
         layout = plan_layout(inputs.tensors, inputs.scalars, inputs.outputs, sets, slots)
-        arena = self._open_arena(worker, workload, layout)
+        arena = self._open_arena(worker, workload, layout, deadline)
         try:
             arena_sets = [views(arena.memory, s) for s in layout.sets]
             arena_slots = [views(arena.memory, s) for s in layout.slots]
             for arena_set, made in zip(arena_sets, inputs.sets):
                 for name, tensor in arena_set.items():
                     tensor.copy_(made[name])
-            job = _Job(self, worker, inputs, arena_sets, arena_slots)
+            job = _Job(self, worker, inputs, arena_sets, arena_slots, deadline)
             # The worker copies outputs into the call's slot after the call when the solution returns them,
             # and after every graph replay (from the slot the graph was captured with): so does the baseline.
             copies = not destination_passing or self.settings.graph
             outcome = job.judge(Baseline(inputs, self.flush, copies_outputs=copies, max_calls=len(arena_slots)))
             if worker.alive():
                 try:
-                    worker.ask(Close(), settings.timeout)
+                    deadline.ask(worker, Close())
                 except WorkerGone:  # the verdict stands; the next job gets a fresh worker
                     outcome.worker_usable = False
             return outcome
         finally:
             arena.close()
 
-    def _open_arena(self, worker: WorkerProcess, workload, layout) -> Arena:
+    def _open_arena(self, worker: WorkerProcess, workload, layout, deadline: "_Deadline") -> Arena:
         """A CPU job's arena is a sealed memfd the judge makes and sends; a GPU job's, memory the worker exports."""
         on_gpu = torch.device(self.device).type == "cuda"
         arena = None if on_gpu else Arena.create_memfd(layout.nbytes)
         open_job = Open(workload=workload, arena=arena and arena.handle, layout=layout, flush=self.flush.method)
         try:
-            reply = worker.ask(open_job, self.settings.timeout, fd=arena and arena.fd)
+            reply = deadline.ask(worker, open_job, fd=arena and arena.fd)
         except WorkerGone:
             if arena:
                 arena.close()
@@ -186,11 +188,36 @@ class _Stop(Exception):
         self.outcome = outcome
 
 
+class _Deadline:
+    """A workload's timeout, for all of its job's requests together (Open, every batch and its times,
+    Close): given to each request afresh, it let a worker that answered every untimed request a little
+    under it hold its lane for a timeout per request (8 s per ReadTimes: 53 s under a 10 s timeout)
+    and still PASS."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def ask(self, worker: WorkerProcess, request, fd: int | None = None):
+        return self.timed_ask(worker, request, fd)[0]
+
+    def timed_ask(self, worker: WorkerProcess, request, fd: int | None = None):
+        try:
+            return worker.timed_ask(request, max(self.end - time.monotonic(), 1e-3), fd)
+        except WorkerGone as gone:
+            if gone.status == "TIMEOUT":
+                raise WorkerGone("TIMEOUT", f"no answer within the workload's {self.seconds:g} s (its timeout, for "
+                                            "all its requests)", gone.log) from None
+            raise
+
+
 class _Job:
     """The batches of one job and what the judge read after each."""
 
-    def __init__(self, session: Session, worker: WorkerProcess, inputs: JobInputs, arena_sets, arena_slots):
+    def __init__(self, session: Session, worker: WorkerProcess, inputs: JobInputs, arena_sets, arena_slots,
+                 deadline: _Deadline):
         self.session = session
+        self.deadline = deadline
         self.settings = session.settings
         self.definition = session.definition
         self.worker = worker
@@ -307,7 +334,7 @@ class _Job:
             for tensor in slot.values():
                 _poison(tensor)
         _synchronize(self.session.device)
-        reply, elapsed_ms = self.worker.timed_ask(batch, self.settings.timeout)
+        reply, elapsed_ms = self.deadline.timed_ask(self.worker, batch)
         if not isinstance(self.unless_failed(reply), BatchDone):
             raise _Stop(self.rejected("the worker's reply does not match the batch it was sent"))
         # Copies taken now, nothing written later counts: the picked calls' outputs, and the outputs of the
@@ -316,7 +343,7 @@ class _Job:
         wanted = set(picked) | {k - 1 for k in picked if k in linked}
         read = {k: {name: tensor.clone() for name, tensor in self.arena_slots[calls[k].slot].items()} for k in wanted}
         self.reject_leftovers()
-        times = self.unless_failed(self.worker.ask(ReadTimes(), self.settings.timeout))
+        times = self.unless_failed(self.deadline.ask(self.worker, ReadTimes()))
         if not isinstance(times, CallTimes) or len(times.event_ms) != len(calls) or len(times.links) != len(calls):
             raise _Stop(self.rejected("the worker's times do not match the batch it was sent"))
         links = [times.links[k] if k in linked else None for k in range(len(calls))]

@@ -58,15 +58,20 @@ def start(definition, tmp_path):
         worker.close()
 
 
+def setup_describing(definition, tmp_path: Path, description_bytes: int) -> Setup:
+    """A worker's first message whose solution's description is that long."""
+    solution = Solution(name="long", definition=DEFINITION, author="tests", language="python",
+                        entry_point="kernel.py::run", description="x" * description_bytes)
+    return Setup(definition=definition, solution=solution, folder=str(tmp_path), device="cpu",
+                 build_dir=str(tmp_path / "build"))
+
+
 def test_a_setup_larger_than_a_message_may_be_is_refused_before_any_worker_starts(definition, tmp_path):
     """The worker refuses a first frame past MAX_FRAME_BYTES and exits; the judge then wrote into a closed pipe
     and the run ended. Now it is the candidate's failure, and nothing is started or left behind."""
-    solution = Solution(name="huge", definition=DEFINITION, author="tests", language="python",
-                        entry_point="kernel.py::run", description="x" * (MAX_FRAME_BYTES + 1))
-    setup = Setup(definition=definition, solution=solution, folder=str(tmp_path), device="cpu",
-                  build_dir=str(tmp_path / "build"))
     with pytest.raises(WorkerGone) as gone:
-        WorkerProcess.start(setup, DEFAULT_LEVEL, tmp_path / "workers", memory_limit_bytes=None)
+        WorkerProcess.start(setup_describing(definition, tmp_path, MAX_FRAME_BYTES + 1), DEFAULT_LEVEL,
+                            tmp_path / "workers", memory_limit_bytes=None)
     assert gone.value.status == "INVALID_SOLUTION" and "first message" in gone.value.message
     assert left_in(tmp_path / "workers") == []
 
@@ -74,12 +79,9 @@ def test_a_setup_larger_than_a_message_may_be_is_refused_before_any_worker_start
 def test_a_worker_gone_before_reading_its_setup_is_a_crash_that_leaves_nothing(definition, tmp_path, monkeypatch):
     """A setup larger than a pipe holds, to a worker that exits at once: the judge's write fails."""
     monkeypatch.setattr(sandbox, "worker_command", lambda isolation, spec_file, module, args: [sys.executable, "-c", ""])
-    solution = Solution(name="gone", definition=DEFINITION, author="tests", language="python",
-                        entry_point="kernel.py::run", description="x" * (512 << 10))
-    setup = Setup(definition=definition, solution=solution, folder=str(tmp_path), device="cpu",
-                  build_dir=str(tmp_path / "build"))
     with pytest.raises(WorkerGone) as gone:
-        WorkerProcess.start(setup, DEFAULT_LEVEL, tmp_path / "workers", memory_limit_bytes=None)
+        WorkerProcess.start(setup_describing(definition, tmp_path, 512 << 10), DEFAULT_LEVEL, tmp_path / "workers",
+                            memory_limit_bytes=None)
     assert gone.value.status == "CRASHED" and "before it read its setup" in gone.value.message
     assert left_in(tmp_path / "workers") == []
 

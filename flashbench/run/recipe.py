@@ -14,11 +14,11 @@ that carry data); index structure never changes. The worker does it in its arena
 on its own copies: InputSets is the one code path of both.
 
 Each call's redraw also depends on the outputs of the call before it (output_link): its windows are
-rotated by amounts derived from a number reduced from those outputs (window_shifts). A call's outputs must therefore be final when the
-next call's steps begin. Work a call leaves running after it returns (on another stream, in a thread)
-would have the next inputs drawn from unfinished outputs, which the judge sees when it checks the
-links of the calls it reads (docs/threat_model.md, class 5b, says what a worker that rewrites these
-steps can still do).
+rotated by amounts derived from a number reduced from those outputs (window_shifts). A call's outputs
+must therefore be final when the next call's steps begin. Work a call leaves running after it returns
+(on another stream, in a thread) would have the next inputs drawn from unfinished outputs, which the
+judge sees when it checks the links of the calls it reads (docs/threat_model.md, class 5b, says what a
+worker that rewrites these steps can still do).
 """
 
 import contextlib
@@ -32,7 +32,7 @@ import torch
 
 from ..model import Definition, Workload
 from ..workloads import (GeneratedData, data_window_copies, data_window_spans, draw_data_windows, draw_windows, redrawn_data,
-                         refill_whole, whole_redrawn, window_copies, window_spans, window_starts)
+                         refill_whole, whole_redrawn, window_copies, window_elements, window_spans, window_starts)
 from .protocol import Batch, Call
 
 FLUSH_BYTES = 256 << 20  # over 4x the H200's 60 MB L2
@@ -216,7 +216,9 @@ class InputSets:
     _generators: dict = field(default_factory=dict, init=False)
 
     def __post_init__(self):
-        self._whole = whole_redrawn(self.definition, self.random_names)
+        # Not those a window already covers whole: its copy would overwrite the whole draw.
+        self._whole = [name for name in whole_redrawn(self.definition, self.random_names)
+                       if window_elements(self.sets[0][name]) < self.sets[0][name].numel()]
         self.data = redrawn_data(self.definition, self.workload, self.sets[0])
         self._spans = {**window_spans(self.sets[0], self.random_names), **data_window_spans(self.sets[0], self.data)}
 

@@ -27,9 +27,9 @@ from .generators import DATA_OUTPUTS, GENERATORS, GeneratedData, sample_lengths
 from .tensors import DEFAULT_RANDOM, random_tensor, refill_random, safetensors_tensor, scalar_value
 
 __all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "whole_redrawn",
-           "refill_whole", "draw_windows", "window_copies", "window_spans", "window_starts", "generated_data",
-           "redrawn_data", "draw_data_windows", "data_window_copies", "data_window_spans", "unredrawn_data_inputs",
-           "sample_lengths", "structured_inputs"]
+           "refill_whole", "draw_windows", "window_copies", "window_elements", "window_spans", "window_starts",
+           "generated_data", "redrawn_data", "draw_data_windows", "data_window_copies", "data_window_spans",
+           "unredrawn_data_inputs", "sample_lengths", "structured_inputs"]
 
 
 def derive_seed(*parts: object) -> int:

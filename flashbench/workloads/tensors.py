@@ -24,11 +24,16 @@ def random_tensor(spec: RandomInput, shape: list[int], dtype: str, seed: int, de
     if integer:
         return torch.randint(int(spec.low), int(spec.high), shape, generator=generator, device=device, dtype=target)
     if spec.distribution == "uniform":
-        low, high = spec.low or 0.0, 1.0 if spec.high is None else spec.high
+        low, high = uniform_range(spec)
         values = torch.rand(shape, generator=generator, device=device) * (high - low) + low
     else:
         values = torch.randn(shape, generator=generator, device=device) * spec.std + spec.mean
     return values.to(target)
+
+
+def uniform_range(spec: RandomInput) -> tuple[float, float]:
+    """A floating-point uniform input's bounds: [0, 1) unless the workload gives them."""
+    return spec.low or 0.0, 1.0 if spec.high is None else spec.high
 
 
 def refill_random(tensor: torch.Tensor, spec: RandomInput, seed: int, generator: torch.Generator) -> None:
@@ -40,7 +45,7 @@ def refill_random(tensor: torch.Tensor, spec: RandomInput, seed: int, generator:
         return
     generator.manual_seed(seed)
     if spec.distribution == "uniform":
-        tensor.uniform_(spec.low or 0.0, 1.0 if spec.high is None else spec.high, generator=generator)
+        tensor.uniform_(*uniform_range(spec), generator=generator)
     else:
         tensor.normal_(spec.mean, spec.std, generator=generator)
 

@@ -28,6 +28,11 @@ def invoke(root: Path, *arguments):
     return CliRunner().invoke(main, ["--root", str(root), *arguments])
 
 
+def unwrapped(text: str) -> str:
+    """Text without whitespace: the console wraps long lines at a space (which goes) or inside a long path."""
+    return "".join(text.split())
+
+
 def test_run_prints_the_summary_and_records_traces(module_repo, tmp_path):
     trace_dir = tmp_path / "traces"
     result = invoke(module_repo, "run", "--def", "mla_paged_decode", "--solution", str(FIXTURES / "correct_dps"),
@@ -46,7 +51,7 @@ def test_run_prints_the_summary_and_records_traces(module_repo, tmp_path):
     assert all("smoke_empty_short" in row or "smoke_mixed" in row for row in rows)
     assert all("µs" in row for row in rows)
     (trace_file,) = trace_dir.glob(f"*/{DEFINITION}.jsonl")
-    assert f"traces: {trace_file}" in result.output.replace("\n", "")
+    assert unwrapped(f"traces: {trace_file}") in unwrapped(result.output)
     assert [json.loads(line)["status"] for line in trace_file.read_text().splitlines()] == ["PASSED"] * 4
     assert not (module_repo / "traces").exists()
 
@@ -64,10 +69,10 @@ def test_an_invalid_folder_under_solutions_is_skipped_and_the_others_run(fresh_r
     result = invoke(fresh_repo, "run", "--def", "mla_paged_decode", "--workload", "smoke_mixed",
                     "--trace-dir", str(tmp_path), *FAST)
     assert result.exit_code == 1, result.output
-    output = result.output.replace("\n", "")  # long lines wrap
-    assert f"skipped an invalid solution folder: {solutions / 'bad' / 'solution.yaml'}: definition: Field required" in output
+    output = unwrapped(result.output)
+    assert unwrapped(f"skipped an invalid solution folder: {solutions / 'bad' / 'solution.yaml'}: definition: Field required") in output
     assert "correct_dps smoke_mixed PASSED" in result.output
-    assert "0 of 2 pair(s) did not pass; 1 invalid solution folder(s) skipped" in output
+    assert unwrapped("0 of 2 pair(s) did not pass; 1 invalid solution folder(s) skipped") in output
 
 
 def test_run_with_an_unknown_solution_is_one_line_and_exit_2(module_repo, tmp_path):

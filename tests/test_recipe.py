@@ -7,7 +7,7 @@ import torch
 
 from flashbench.run.protocol import Batch, Call
 from flashbench.run.recipe import (FLUSH_METHODS, LINK_PRIME, CallClock, InputSets, L2Flush, flush_label, link_values,
-                                   output_link, release_cached_memory, run_batch, window_shifts)
+                                   mixed_link, output_link, release_cached_memory, run_batch, window_shifts)
 from flashbench.workloads import random_inputs
 
 
@@ -126,14 +126,27 @@ def test_a_redrawn_window_is_the_same_on_both_sides_and_changes_the_set(decode_i
 def test_each_window_is_rotated_by_31_bits_of_the_link_its_own_way():
     """Links that agree in their low bits (here: differ by a window's length, 2^19) rotate windows apart;
     two windows of one call are rotated by different amounts; the worker's tensor and the judge's integer
-    give the same shifts."""
-    link = 123456789012345
-    shifts = window_shifts(torch.tensor(link), 4, "cpu")
-    assert shifts.tolist() == window_shifts(link, 4, "cpu").tolist()
+    give the same shifts, at the ends of the int64 range too."""
+    link, seed = 123456789012345, 42
+    shifts = window_shifts(torch.tensor(link), seed, 4, "cpu")
+    assert shifts.tolist() == window_shifts(link, seed, 4, "cpu").tolist()
     assert len(set(shifts.tolist())) == 4 and all(0 <= v < LINK_PRIME for v in shifts.tolist())
-    assert (window_shifts(link + (1 << 19), 4, "cpu") % (1 << 19) != shifts % (1 << 19)).all()
-    assert window_shifts((1 << 63) - 1, 2, "cpu").tolist() == window_shifts(torch.tensor((1 << 63) - 1), 2, "cpu").tolist()
-    assert window_shifts(-(1 << 63), 2, "cpu").tolist() == window_shifts(torch.tensor(-(1 << 63)), 2, "cpu").tolist()
+    assert (window_shifts(link + (1 << 19), seed, 4, "cpu") % (1 << 19) != shifts % (1 << 19)).all()
+    for extreme in ((1 << 63) - 1, -(1 << 63), -1, 0):
+        assert window_shifts(extreme, seed, 2, "cpu").tolist() == window_shifts(torch.tensor(extreme), seed, 2, "cpu").tolist()
+
+
+def test_the_link_is_mixed_so_that_a_nudged_sum_moves_the_rotation_unpredictably():
+    """The link is a sum a worker can nudge by small steps. Before the mix, a step of 1 moved every
+    rotation by the window's multiplier, so a worker could pick the sum that gives a rotation it chose;
+    through the mix, steps of 1 move it by amounts with no pattern, and another seed gives other ones."""
+    links = range(10**9, 10**9 + 2000)
+    mixed = [mixed_link(link, seed=7) for link in links]
+    steps = {(after - before) % LINK_PRIME for before, after in zip(mixed, mixed[1:])}
+    assert len(steps) > 1900 and all(0 <= value < LINK_PRIME for value in mixed)
+    assert sum(a == b for a, b in zip(mixed, (mixed_link(link, seed=8) for link in links))) < 5
+    ints = [mixed_link(link, seed=7) for link in (-(1 << 63), -12345, (1 << 63) - 1)]
+    assert ints == [mixed_link(torch.tensor(link), seed=7).item() for link in (-(1 << 63), -12345, (1 << 63) - 1)]
 
 
 def test_inputs_with_a_row_per_output_row_are_drawn_whole_the_rest_by_a_window(decode_inputs, monkeypatch):

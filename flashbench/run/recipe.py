@@ -14,7 +14,8 @@ that carry data); index structure never changes. The worker does it in its arena
 on its own copies: InputSets is the one code path of both.
 
 Each call's redraw also depends on the outputs of the call before it (output_link): its windows are
-rotated by amounts derived from a number reduced from those outputs (window_shifts). A call's outputs
+rotated by amounts derived from a number reduced from those outputs, mixed with the call's seed
+(window_shifts). A call's outputs
 must therefore be final when the next call's steps begin. Work a call leaves running after it returns
 (on another stream, in a thread) would have the next inputs drawn from unfinished outputs, which the
 judge sees when it checks the links of the calls it reads (docs/threat_model.md, class 5b, says what a
@@ -110,18 +111,44 @@ def output_link(outputs: list[torch.Tensor]) -> torch.Tensor:
     return link
 
 
-# A window's rotation is the link modulo this prime, times a multiplier of the window's own, modulo it again:
-# every window depends on 31 bits of the link, and each on them differently. (The link modulo the window's
-# length, the earlier form, tied all windows to the same ~19 low bits: a worker could nudge finished outputs
-# within the tolerance until their sum had low bits it picked before they were done.) Products stay under
-# 2^62, so the worker's tensors and the judge's integers agree exactly.
+# A window's rotation comes from the link through a non-linear mix keyed by the call's seed, modulo this
+# prime, times a multiplier of the window's own, modulo it again: every window depends on 31 bits of the
+# mix, and each on them differently. The link alone is a sum, and a worker that rewrites these steps can
+# nudge finished outputs within the tolerance until their sum is one it picked before they were done
+# (a red team built it: every link picked in advance). Through the mix, hitting a picked rotation takes
+# trying about 2^31 sums; the key is secret until the batch arrives, so no table made earlier helps.
+# Every value stays under 2^63, so the worker's tensors and the judge's integers agree exactly.
 LINK_PRIME = (1 << 31) - 1
+KEY_BITS = 29  # keys under 2^29: (x + key) * (y + key') stays under 2^63 for x, y < 2^31
 
 
-def window_shifts(link: torch.Tensor | int, windows: int, device) -> torch.Tensor:
-    """The rotation of each of a call's `windows` windows (int64, in [0, LINK_PRIME)) from the link."""
-    base = link % LINK_PRIME if isinstance(link, int) else torch.remainder(link, LINK_PRIME)
-    return (_multipliers(windows, torch.device(device)) * base).remainder_(LINK_PRIME)
+def window_shifts(link: torch.Tensor | int, seed: int, windows: int, device) -> torch.Tensor:
+    """The rotation of each of a call's `windows` windows (int64, in [0, LINK_PRIME)) from the link of the
+    call before and the call's own seed."""
+    return (_multipliers(windows, torch.device(device)) * mixed_link(link, seed)).remainder_(LINK_PRIME)
+
+
+def mixed_link(link: torch.Tensor | int, seed: int) -> torch.Tensor | int:
+    """The link through three rounds that mix products modulo LINK_PRIME with exclusive or (operations
+    that share no algebra, so no round undoes another), keyed by the seed; in [0, LINK_PRIME). The same
+    operators on the worker's 0-d tensor (a few launches, no wait) and on the judge's integer."""
+    k0, k1, k2, k3 = _link_keys(seed)
+    a = link % LINK_PRIME
+    b = link // LINK_PRIME % LINK_PRIME
+    a = (a + k0) * (b + k1) % LINK_PRIME
+    b = ((a ^ b) + k2) * (a + k3) % LINK_PRIME
+    return ((a ^ b) + k1) * (b + k0) % LINK_PRIME
+
+
+def _link_keys(seed: int) -> tuple[int, int, int, int]:
+    """Four keys in [1, 2^KEY_BITS) from the seed (splitmix64 steps)."""
+    keys, state = [], seed
+    for _ in range(4):
+        state = (state + 0x9E3779B97F4A7C15) & (2**64 - 1)
+        z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+        keys.append((z ^ (z >> 31)) % ((1 << KEY_BITS) - 1) + 1)
+    return tuple(keys)
 
 
 @functools.cache
@@ -242,7 +269,7 @@ class InputSets:
         copies = window_copies(inputs, self._fresh, k, self._starts) + sliced
         if link is not None and (copies or indexed):
             sources = [source for _, source in copies] + [window for _, _, window in indexed]
-            shifts = window_shifts(link, len(sources), sources[0].device)
+            shifts = window_shifts(link, call.seed, len(sources), sources[0].device)
             copies = [(target, self._rotated(source, shifts[j])) for j, (target, source) in enumerate(copies)]
             indexed = [(table, rows, self._rotated(window, shifts[len(copies) + j]))
                        for j, (table, rows, window) in enumerate(indexed)]

@@ -174,6 +174,33 @@ def test_inputs_with_a_row_per_output_row_are_drawn_whole_the_rest_by_a_window(d
     assert not torch.equal(sides[1].sets[0]["q_nope"], worker["q_nope"])  # another call, other queries
 
 
+def test_a_query_drawn_whole_is_rotated_by_the_link_so_no_request_can_start_before_it(decode_inputs, monkeypatch):
+    """Drawn from the call's seed alone, a query larger than a window was known when the batch arrived:
+    a worker could start each request's pages outside the windows before the previous call ended. Its
+    rows are now rotated by the link: another link, the same rows in another order; no link (the
+    batch's first call), the draw as it is."""
+    import flashbench.workloads as workloads
+    monkeypatch.setattr(workloads, "REDRAW_WINDOW_BYTES", 64)
+    definition, workload, made = decode_inputs
+    names = random_inputs(definition, workload)
+    calls = [Call(set=0, slot=0, seed=455), Call(set=0, slot=1, seed=456)]
+    queries = []
+    for link in (None, 99, 100):
+        sets = InputSets(definition, workload, [{k: v.clone() for k, v in made.items()}], names)
+        sets.draw(seed=123, calls=calls)
+        sets.redraw(1, link)
+        queries.append(sets.sets[0]["q_nope"])
+    unlinked, first, second = queries
+    rows = unlinked.shape[0]
+    assert rows > 1 and not torch.equal(first, second) and not torch.equal(first, unlinked)
+    shifts = []
+    for rotated in (first, second):  # a rotation of the rows (the 64-byte window aside)
+        unlike = [float((torch.roll(unlinked, -shift, 0) != rotated).float().mean()) for shift in range(rows)]
+        assert min(unlike) < 0.01
+        shifts.append(unlike.index(min(unlike)))
+    assert shifts[0] != shifts[1], shifts
+
+
 def test_every_call_of_a_batch_sees_fresh_generated_data_on_both_sides():
     """The FP8 quantize definition's only input is generated: the worker's and the judge's batch
     (run_batch, one code path) give each call a cache of its own, the same on both sides."""

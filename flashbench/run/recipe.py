@@ -241,6 +241,7 @@ class InputSets:
     _positions: dict = field(default_factory=dict, init=False)  # 0..n-1 by (n, device), made once
     _whole: list[str] = field(init=False)  # random inputs each call draws whole (workloads.whole_redrawn)
     _generators: dict = field(default_factory=dict, init=False)
+    _scratch: dict = field(default_factory=dict, init=False)  # where each of _whole is drawn before its rotation
 
     def __post_init__(self):
         # Not those a window already covers whole: its copy would overwrite the whole draw.
@@ -258,18 +259,21 @@ class InputSets:
 
     def redraw(self, k: int, link: torch.Tensor | int | None = None) -> None:
         """Call `k` of the batch drawn last, on its set (nothing without a seed): the inputs with a row per
-        output row drawn afresh whole, then its windows written, each rotated by `link` (output_link of the
-        call before; the judge passes the integer) when given."""
+        output row drawn afresh whole, then its windows written; with a `link` (output_link of the call
+        before; the judge passes the integer) the whole draws' rows and each window are rotated by it."""
         call = self._calls[k]
         if call.seed is None:
             return
         inputs = self.sets[call.set]
-        refill_whole(self.workload, inputs, self._whole, call.seed, self._generators)
         sliced, indexed = data_window_copies(inputs, self.data, self._fresh_data, k, self._starts)
         copies = window_copies(inputs, self._fresh, k, self._starts) + sliced
-        if link is not None and (copies or indexed):
+        if link is None or not (self._whole or copies or indexed):
+            refill_whole(self.workload, inputs, self._whole, call.seed, self._generators)
+        else:
             sources = [source for _, source in copies] + [window for _, _, window in indexed]
-            shifts = window_shifts(link, call.seed, len(sources), sources[0].device)
+            device = (sources or [inputs[name] for name in self._whole])[0].device
+            shifts = window_shifts(link, call.seed, len(self._whole) + len(sources), device)
+            self._refill_whole_rotated(inputs, call.seed, shifts[len(sources):])
             copies = [(target, self._rotated(source, shifts[j])) for j, (target, source) in enumerate(copies)]
             indexed = [(table, rows, self._rotated(window, shifts[len(copies) + j]))
                        for j, (table, rows, window) in enumerate(indexed)]
@@ -278,13 +282,30 @@ class InputSets:
         for table, rows, window in indexed:
             table.index_copy_(0, rows, window)
 
+    def _refill_whole_rotated(self, inputs: dict[str, torch.Tensor], seed: int, shifts: torch.Tensor) -> None:
+        """The whole draws of `_whole`, each made in a scratch tensor and gathered into the input rotated by
+        its row's shift: the rows of a query larger than a window wait for the link too, so no part of the
+        next call (a request's pages outside every window) can start before this call's outputs are final."""
+        scratch = {}
+        for name in self._whole:
+            if name not in self._scratch:
+                self._scratch[name] = torch.empty_like(inputs[name])
+            scratch[name] = self._scratch[name]
+        refill_whole(self.workload, scratch, self._whole, seed, self._generators)
+        for j, name in enumerate(self._whole):
+            torch.index_select(scratch[name], 0, self._rotation(scratch[name], shifts[j]), out=inputs[name])
+
     def _rotated(self, source: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         """`source` rotated along its first dimension by `shift` (window_shifts; one gather)."""
+        return source.index_select(0, self._rotation(source, shift))
+
+    def _rotation(self, source: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """The row index that rotates `source` along its first dimension by `shift`."""
         n = source.shape[0]
         key = (n, source.device)
         if key not in self._positions:
             self._positions[key] = torch.arange(n, dtype=torch.int64, device=source.device)
-        return source.index_select(0, (self._positions[key] + shift).remainder_(n))
+        return (self._positions[key] + shift).remainder_(n)
 
     @property
     def redrawn_names(self) -> list[str]:

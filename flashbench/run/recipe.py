@@ -242,13 +242,17 @@ class InputSets:
     _whole: list[str] = field(init=False)  # random inputs each call draws whole (workloads.whole_redrawn)
     _generators: dict = field(default_factory=dict, init=False)
     _scratch: dict = field(default_factory=dict, init=False)  # where each of _whole is drawn before its rotation
+    _moved: list[str] = field(init=False)  # where nothing is drawn whole: inputs whose rows each call rotates
 
     def __post_init__(self):
         # Not those a window already covers whole: its copy would overwrite the whole draw.
-        self._whole = [name for name in whole_redrawn(self.definition, self.random_names)
-                       if window_elements(self.sets[0][name]) < self.sets[0][name].numel()]
+        queries = whole_redrawn(self.definition, self.random_names)
+        self._whole = [name for name in queries if window_elements(self.sets[0][name]) < self.sets[0][name].numel()]
         self.data = redrawn_data(self.definition, self.workload, self.sets[0])
         self._spans = {**window_spans(self.sets[0], self.random_names), **data_window_spans(self.sets[0], self.data)}
+        # Without a query, a window changes a few output rows, and which ones the worker knows (it writes
+        # them): it could keep the others from the call before. Moving every row keeps none in place.
+        self._moved = [] if queries else [name for name in self.redrawn_names if self._spans.get(name, 0) > 0]
 
     def draw(self, seed: int, calls: list[Call]) -> None:
         like = self.sets[0]
@@ -259,30 +263,32 @@ class InputSets:
 
     def redraw(self, k: int, link: torch.Tensor | int | None = None) -> None:
         """Call `k` of the batch drawn last, on its set (nothing without a seed): the inputs with a row per
-        output row drawn afresh whole, then its windows written; with a `link` (output_link of the call
-        before; the judge passes the integer) the whole draws' rows and each window are rotated by it."""
+        output row drawn afresh whole (or, where there are none, every redrawn input's rows moved), then
+        its windows written; the whole draws' rows, the moves and each window rotated by `link` (output_link
+        of the call before, the judge passing the integer; none for the batch's first call) mixed with
+        the call's seed."""
         call = self._calls[k]
         if call.seed is None:
             return
         inputs = self.sets[call.set]
         sliced, indexed = data_window_copies(inputs, self.data, self._fresh_data, k, self._starts)
         copies = window_copies(inputs, self._fresh, k, self._starts) + sliced
-        if link is None or not (self._whole or copies or indexed):
-            refill_whole(self.workload, inputs, self._whole, call.seed, self._generators)
-        else:
-            sources = [source for _, source in copies] + [window for _, _, window in indexed]
-            device = (sources or [inputs[name] for name in self._whole])[0].device
-            shifts = window_shifts(link, call.seed, len(self._whole) + len(sources), device)
-            self._refill_whole_rotated(inputs, call.seed, shifts[len(sources):])
-            copies = [(target, self._rotated(source, shifts[j])) for j, (target, source) in enumerate(copies)]
-            indexed = [(table, rows, self._rotated(window, shifts[len(copies) + j]))
-                       for j, (table, rows, window) in enumerate(indexed)]
+        sources = [source for _, source in copies] + [window for _, _, window in indexed]
+        rotated = [inputs[name] for name in self._whole + self._moved] + sources
+        if not rotated:
+            return
+        shifts = iter(window_shifts(0 if link is None else link, call.seed, len(rotated), rotated[0].device))
+        self._refill_whole_rotated(inputs, call.seed, [next(shifts) for _ in self._whole])
+        for name in self._moved:
+            self._move_rows(inputs[name], name, next(shifts))
+        copies = [(target, self._rotated(source, next(shifts))) for target, source in copies]
+        indexed = [(table, rows, self._rotated(window, next(shifts))) for table, rows, window in indexed]
         if copies:
             torch._foreach_copy_([target for target, _ in copies], [source for _, source in copies])
         for table, rows, window in indexed:
             table.index_copy_(0, rows, window)
 
-    def _refill_whole_rotated(self, inputs: dict[str, torch.Tensor], seed: int, shifts: torch.Tensor) -> None:
+    def _refill_whole_rotated(self, inputs: dict[str, torch.Tensor], seed: int, shifts: list[torch.Tensor]) -> None:
         """The whole draws of `_whole`, each made in a scratch tensor and gathered into the input rotated by
         its row's shift: the rows of a query larger than a window wait for the link too, so no part of the
         next call (a request's pages outside every window) can start before this call's outputs are final."""
@@ -292,8 +298,20 @@ class InputSets:
                 self._scratch[name] = torch.empty_like(inputs[name])
             scratch[name] = self._scratch[name]
         refill_whole(self.workload, scratch, self._whole, seed, self._generators)
-        for j, name in enumerate(self._whole):
-            torch.index_select(scratch[name], 0, self._rotation(scratch[name], shifts[j]), out=inputs[name])
+        for name, shift in zip(self._whole, shifts):
+            torch.index_select(scratch[name], 0, self._rotation(scratch[name], shift), out=inputs[name])
+
+    def _move_rows(self, tensor: torch.Tensor, name: str, shift: torch.Tensor) -> None:
+        """`tensor`'s rows rotated in place (a generated input's data rows, among themselves): every output
+        row's input moves on every call, so outputs kept from the call before are in the wrong rows."""
+        if name not in self.data:
+            tensor.copy_(self._rotated(tensor, shift))
+            return
+        table, rows = tensor.view(-1, self.data[name].width), self.data[name].rows
+        if rows is None:
+            table.copy_(self._rotated(table, shift))
+        else:
+            table.index_copy_(0, rows, table.index_select(0, self._rotated(rows, shift)))
 
     def _rotated(self, source: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         """`source` rotated along its first dimension by `shift` (window_shifts; one gather)."""

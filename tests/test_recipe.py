@@ -7,7 +7,8 @@ import torch
 
 from flashbench.run.protocol import Batch, Call
 from flashbench.run.recipe import (FLUSH_METHODS, LINK_PRIME, CallClock, InputSets, L2Flush, flush_label, link_values,
-                                   mixed_link, output_link, release_cached_memory, run_batch, window_shifts)
+                                   column_signs, mixed_link, output_link, release_cached_memory, run_batch,
+                                   window_shifts)
 from flashbench.workloads import random_inputs
 
 
@@ -128,12 +129,14 @@ def test_each_window_is_rotated_by_31_bits_of_the_link_its_own_way():
     two windows of one call are rotated by different amounts; the worker's tensor and the judge's integer
     give the same shifts, at the ends of the int64 range too."""
     link, seed = 123456789012345, 42
-    shifts = window_shifts(torch.tensor(link), seed, 4, "cpu")
-    assert shifts.tolist() == window_shifts(link, seed, 4, "cpu").tolist()
-    assert len(set(shifts.tolist())) == 4 and all(0 <= v < LINK_PRIME for v in shifts.tolist())
-    assert (window_shifts(link + (1 << 19), seed, 4, "cpu") % (1 << 19) != shifts % (1 << 19)).all()
+
+    def shifts(link, windows=4):
+        return window_shifts(mixed_link(link, seed), windows, "cpu")
+    assert shifts(torch.tensor(link)).tolist() == shifts(link).tolist()
+    assert len(set(shifts(link).tolist())) == 4 and all(0 <= v < LINK_PRIME for v in shifts(link).tolist())
+    assert (shifts(link + (1 << 19)) % (1 << 19) != shifts(link) % (1 << 19)).all()
     for extreme in ((1 << 63) - 1, -(1 << 63), -1, 0):
-        assert window_shifts(extreme, seed, 2, "cpu").tolist() == window_shifts(torch.tensor(extreme), seed, 2, "cpu").tolist()
+        assert shifts(extreme, 2).tolist() == shifts(torch.tensor(extreme), 2).tolist()
 
 
 def test_the_link_is_mixed_so_that_a_nudged_sum_moves_the_rotation_unpredictably():
@@ -174,31 +177,32 @@ def test_inputs_with_a_row_per_output_row_are_drawn_whole_the_rest_by_a_window(d
     assert not torch.equal(sides[1].sets[0]["q_nope"], worker["q_nope"])  # another call, other queries
 
 
-def test_a_query_drawn_whole_is_rotated_by_the_link_so_no_request_can_start_before_it(decode_inputs, monkeypatch):
-    """Drawn from the call's seed alone, a query larger than a window was known when the batch arrived:
-    a worker could start each request's pages outside the windows before the previous call ended. Its
-    rows are now rotated by the link: another link, the same rows in another order; no link (the
-    batch's first call), the draw as it is."""
+def test_a_query_drawn_whole_has_its_columns_signed_by_the_link(decode_inputs, monkeypatch):
+    """Drawn from the call's seed alone, a query larger than a window was known when the batch arrived: a
+    worker could start each request's pages outside the windows before the previous call ended. The
+    signs of its columns (all but its first axis) now come from the mix of the link: another link, the
+    same values with other signs; worker (tensor) and judge (integer) alike."""
     import flashbench.workloads as workloads
     monkeypatch.setattr(workloads, "REDRAW_WINDOW_BYTES", 64)
     definition, workload, made = decode_inputs
     names = random_inputs(definition, workload)
     calls = [Call(set=0, slot=0, seed=455), Call(set=0, slot=1, seed=456)]
     queries = []
-    for link in (None, 99, 100):
+    for link in (99, torch.tensor(99), 100):
         sets = InputSets(definition, workload, [{k: v.clone() for k, v in made.items()}], names)
         sets.draw(seed=123, calls=calls)
         sets.redraw(1, link)
         queries.append(sets.sets[0]["q_nope"])
-    unlinked, first, second = queries
-    rows = unlinked.shape[0]
-    assert rows > 1 and not torch.equal(first, second) and not torch.equal(first, unlinked)
-    shifts = []
-    for rotated in (first, second):  # a rotation of the rows (the 64-byte window aside)
-        unlike = [float((torch.roll(unlinked, -shift, 0) != rotated).float().mean()) for shift in range(rows)]
-        assert min(unlike) < 0.01
-        shifts.append(unlike.index(min(unlike)))
-    assert shifts[0] != shifts[1], shifts
+    first, same, other = queries
+    assert torch.equal(first, same) and not torch.equal(first, other)
+    columns = first[0].numel()  # the query as rows of its first axis
+    flipped = (first != other).reshape(-1, columns).float().mean(0)  # per column: all its elements or none
+    assert torch.equal(first.abs(), other.abs()) or (first.abs() != other.abs()).float().mean() < 0.01
+    whole, partly = int((flipped > 0.9).sum()), int(((flipped > 0) & (flipped <= 0.9)).sum())
+    assert 0.25 * columns < whole < 0.75 * columns and partly <= 32  # but those the 64-byte window touched
+    signs = column_signs(mixed_link(99, 456), columns, "cpu")
+    assert torch.equal(column_signs(mixed_link(torch.tensor(99), 456), columns, "cpu"), signs)
+    assert set(signs.tolist()) == {-1, 1}
 
 
 def test_every_call_of_a_batch_sees_fresh_generated_data_on_both_sides():

@@ -24,6 +24,7 @@ worker that rewrites these steps can still do).
 
 import contextlib
 import functools
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -122,10 +123,19 @@ LINK_PRIME = (1 << 31) - 1
 KEY_BITS = 29  # keys under 2^29: (x + key) * (y + key') stays under 2^63 for x, y < 2^31
 
 
-def window_shifts(link: torch.Tensor | int, seed: int, windows: int, device) -> torch.Tensor:
-    """The rotation of each of a call's `windows` windows (int64, in [0, LINK_PRIME)) from the link of the
-    call before and the call's own seed."""
-    return (_multipliers(windows, torch.device(device)) * mixed_link(link, seed)).remainder_(LINK_PRIME)
+def window_shifts(mixed: torch.Tensor | int, windows: int, device) -> torch.Tensor:
+    """The rotation of each of a call's `windows` windows (int64, in [0, LINK_PRIME)) from the call's
+    mixed link (mixed_link)."""
+    return (_multipliers(windows, torch.device(device), WINDOW_SALT) * mixed).remainder_(LINK_PRIME)
+
+
+def column_signs(mixed: torch.Tensor | int, width: int, device) -> torch.Tensor:
+    """±1 (int64) for each of `width` columns from the call's mixed link: the last dimension of a query
+    drawn whole is multiplied by them. Every column's sign depends on all 31 bits of the mix, so a worker
+    that wants them before the previous call's outputs are final has to hit the whole mix (a rotation of
+    n rows would have needed only ~n tries: a red team hit one of 128 rows in 29)."""
+    bits = (_multipliers(width, torch.device(device), SIGN_SALT) * mixed).remainder_(LINK_PRIME).bitwise_and_(1)
+    return bits.mul_(-2).add_(1)
 
 
 def mixed_link(link: torch.Tensor | int, seed: int) -> torch.Tensor | int:
@@ -151,10 +161,13 @@ def _link_keys(seed: int) -> tuple[int, int, int, int]:
     return tuple(keys)
 
 
+WINDOW_SALT, SIGN_SALT = 0x9E3779B1, 0x85EBCA77
+
+
 @functools.cache
-def _multipliers(windows: int, device: torch.device) -> torch.Tensor:
-    """Each window's multiplier: distinct, non-zero modulo LINK_PRIME (made once: a call's steps are launches)."""
-    return (torch.arange(1, windows + 1, dtype=torch.int64, device=device) * 0x9E3779B1) % LINK_PRIME
+def _multipliers(count: int, device: torch.device, salt: int) -> torch.Tensor:
+    """`count` multipliers: distinct, non-zero modulo LINK_PRIME (made once: a call's steps are launches)."""
+    return (torch.arange(1, count + 1, dtype=torch.int64, device=device) * salt) % LINK_PRIME
 
 
 def link_values(links: list[torch.Tensor | None]) -> list[int]:
@@ -239,20 +252,21 @@ class InputSets:
     _fresh_data: dict = field(default_factory=dict, init=False)
     _starts: dict = field(default_factory=dict, init=False)
     _positions: dict = field(default_factory=dict, init=False)  # 0..n-1 by (n, device), made once
-    _whole: list[str] = field(init=False)  # random inputs each call draws whole (workloads.whole_redrawn)
+    _queries: list[str] = field(init=False)  # random inputs with a row per output row (workloads.whole_redrawn)
+    _whole: list[str] = field(init=False)  # those of them each call draws whole (a window covers the others)
     _generators: dict = field(default_factory=dict, init=False)
-    _scratch: dict = field(default_factory=dict, init=False)  # where each of _whole is drawn before its rotation
     _moved: list[str] = field(init=False)  # where nothing is drawn whole: inputs whose rows each call rotates
 
     def __post_init__(self):
         # Not those a window already covers whole: its copy would overwrite the whole draw.
-        queries = whole_redrawn(self.definition, self.random_names)
-        self._whole = [name for name in queries if window_elements(self.sets[0][name]) < self.sets[0][name].numel()]
+        self._queries = whole_redrawn(self.definition, self.random_names)
+        self._whole = [name for name in self._queries
+                       if window_elements(self.sets[0][name]) < self.sets[0][name].numel()]
         self.data = redrawn_data(self.definition, self.workload, self.sets[0])
         self._spans = {**window_spans(self.sets[0], self.random_names), **data_window_spans(self.sets[0], self.data)}
         # Without a query, a window changes a few output rows, and which ones the worker knows (it writes
         # them): it could keep the others from the call before. Moving every row keeps none in place.
-        self._moved = [] if queries else [name for name in self.redrawn_names if self._spans.get(name, 0) > 0]
+        self._moved = [] if self._queries else [name for name in self.redrawn_names if self._spans.get(name, 0) > 0]
 
     def draw(self, seed: int, calls: list[Call]) -> None:
         like = self.sets[0]
@@ -263,10 +277,10 @@ class InputSets:
 
     def redraw(self, k: int, link: torch.Tensor | int | None = None) -> None:
         """Call `k` of the batch drawn last, on its set (nothing without a seed): the inputs with a row per
-        output row drawn afresh whole (or, where there are none, every redrawn input's rows moved), then
-        its windows written; the whole draws' rows, the moves and each window rotated by `link` (output_link
-        of the call before, the judge passing the integer; none for the batch's first call) mixed with
-        the call's seed."""
+        output row (the queries) drawn afresh whole, or where there are none every redrawn input's rows
+        rotated; its windows written, each rotated; then the queries' columns' signs flipped. Rotations and
+        signs come from the mix of `link` (output_link of the call before, the judge passing the integer;
+        none for the batch's first call) and the call's seed."""
         call = self._calls[k]
         if call.seed is None:
             return
@@ -274,11 +288,12 @@ class InputSets:
         sliced, indexed = data_window_copies(inputs, self.data, self._fresh_data, k, self._starts)
         copies = window_copies(inputs, self._fresh, k, self._starts) + sliced
         sources = [source for _, source in copies] + [window for _, _, window in indexed]
-        rotated = [inputs[name] for name in self._whole + self._moved] + sources
-        if not rotated:
+        changed = [inputs[name] for name in self._queries + self._moved] + sources
+        if not changed:
             return
-        shifts = iter(window_shifts(0 if link is None else link, call.seed, len(rotated), rotated[0].device))
-        self._refill_whole_rotated(inputs, call.seed, [next(shifts) for _ in self._whole])
+        mixed = mixed_link(0 if link is None else link, call.seed)
+        refill_whole(self.workload, inputs, self._whole, call.seed, self._generators)
+        shifts = iter(window_shifts(mixed, len(self._moved) + len(sources), changed[0].device))
         for name in self._moved:
             self._move_rows(inputs[name], name, next(shifts))
         copies = [(target, self._rotated(source, next(shifts))) for target, source in copies]
@@ -287,19 +302,21 @@ class InputSets:
             torch._foreach_copy_([target for target, _ in copies], [source for _, source in copies])
         for table, rows, window in indexed:
             table.index_copy_(0, rows, window)
+        self._flip_columns([inputs[name] for name in self._queries], mixed)
 
-    def _refill_whole_rotated(self, inputs: dict[str, torch.Tensor], seed: int, shifts: list[torch.Tensor]) -> None:
-        """The whole draws of `_whole`, each made in a scratch tensor and gathered into the input rotated by
-        its row's shift: the rows of a query larger than a window wait for the link too, so no part of the
-        next call (a request's pages outside every window) can start before this call's outputs are final."""
-        scratch = {}
-        for name in self._whole:
-            if name not in self._scratch:
-                self._scratch[name] = torch.empty_like(inputs[name])
-            scratch[name] = self._scratch[name]
-        refill_whole(self.workload, scratch, self._whole, seed, self._generators)
-        for name, shift in zip(self._whole, shifts):
-            torch.index_select(scratch[name], 0, self._rotation(scratch[name], shift), out=inputs[name])
+    @staticmethod
+    def _flip_columns(tensors: list[torch.Tensor], mixed: torch.Tensor | int) -> None:
+        """Each floating-point tensor, viewed as rows of its first axis, multiplied column by column by
+        column_signs (one vector for all, made once per call; exact: a sign). No part of the next call's
+        attention can be computed before the previous call's outputs are final: every score depends on
+        the signs of its query's columns."""
+        tables = [tensor.view(tensor.shape[0], math.prod(tensor.shape[1:])) for tensor in tensors
+                  if tensor.is_floating_point() and tensor.dim() > 1 and tensor.numel() > 0]
+        if not tables:
+            return
+        signs = column_signs(mixed, max(table.shape[1] for table in tables), tables[0].device)
+        for table in tables:
+            table.mul_(signs[:table.shape[1]].to(table.dtype))
 
     def _move_rows(self, tensor: torch.Tensor, name: str, shift: torch.Tensor) -> None:
         """`tensor`'s rows rotated in place (a generated input's data rows, among themselves): every output

@@ -200,9 +200,20 @@ def test_a_query_drawn_whole_has_its_columns_signed_by_the_link(decode_inputs, m
     assert torch.equal(first.abs(), other.abs()) or (first.abs() != other.abs()).float().mean() < 0.01
     whole, partly = int((flipped > 0.9).sum()), int(((flipped > 0) & (flipped <= 0.9)).sum())
     assert 0.25 * columns < whole < 0.75 * columns and partly <= 32  # but those the 64-byte window touched
-    signs = column_signs(mixed_link(99, 456), columns, "cpu")
-    assert torch.equal(column_signs(mixed_link(torch.tensor(99), 456), columns, "cpu"), signs)
-    assert set(signs.tolist()) == {-1, 1}
+    negated = column_signs(mixed_link(99, 456), columns, "cpu")
+    assert torch.equal(column_signs(mixed_link(torch.tensor(99), 456), columns, "cpu"), negated)
+    assert set(negated.tolist()) == {0, 1}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn])
+def test_a_column_sign_is_a_flip_of_the_sign_bit_exact_in_every_float_type(dtype):
+    """Multiplying by -1 has no FP8 kernel on a CPU; flipping the word's sign bit is exact everywhere."""
+    query = torch.randn(6, 2, 5).to(dtype)
+    flipped = query.clone()
+    InputSets._flip_columns([flipped], mixed_link(7, 8))
+    negated = column_signs(mixed_link(7, 8), 10, "cpu").bool().reshape(2, 5)
+    assert torch.equal(flipped.float()[:, negated], -query.float()[:, negated])
+    assert torch.equal(flipped.float()[:, ~negated], query.float()[:, ~negated]) and negated.any() and (~negated).any()
 
 
 def test_every_call_of_a_batch_sees_fresh_generated_data_on_both_sides():

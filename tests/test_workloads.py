@@ -424,3 +424,14 @@ def test_a_calls_window_starts_follow_the_batch_and_its_own_seed():
     assert first["q_nope"] == [0, 0] and all(0 <= start <= 10**6 for start in first["ckv_cache"])
     assert window_starts(123, [457, 789], spans)["ckv_cache"][0] != first["ckv_cache"][0]
     assert window_starts(124, [456, 789], spans)["ckv_cache"] != first["ckv_cache"]
+
+
+def test_only_inputs_drawn_around_zero_may_have_their_signs_flipped():
+    """Flipping a query's column signs keeps a zero-mean draw as it was; probabilities in [0, 1) would turn
+    negative (an imported sampling definition's reference refused them)."""
+    from flashbench.model.workload import RandomInput
+    from flashbench.workloads.tensors import symmetric
+    assert symmetric(RandomInput(type="random"))
+    assert symmetric(RandomInput(type="random", distribution="uniform", low=-2.0, high=2.0))
+    assert not symmetric(RandomInput(type="random", distribution="uniform"))
+    assert not symmetric(RandomInput(type="random", mean=1.0))

@@ -33,8 +33,9 @@ from typing import Callable
 import torch
 
 from ..model import Definition, Workload
-from ..workloads import (GeneratedData, data_window_copies, data_window_spans, draw_data_windows, draw_windows, redrawn_data,
-                         refill_whole, whole_redrawn, window_copies, window_elements, window_spans, window_starts)
+from ..workloads import (DEFAULT_RANDOM, GeneratedData, data_window_copies, data_window_spans, draw_data_windows,
+                         draw_windows, redrawn_data, refill_whole, symmetric, whole_redrawn, window_copies,
+                         window_elements, window_spans, window_starts)
 from .protocol import Batch, Call
 
 FLUSH_BYTES = 256 << 20  # over 4x the H200's 60 MB L2
@@ -96,8 +97,9 @@ class L2Flush:
                 torch.sum(self._read, dim=0, out=self._sink)
 
 
-# The integer type a tensor's raw words are summed as, by element size.
+# The integer type a tensor's raw words are summed as (and its sign bit flipped in), by element size.
 WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+SIGN_BITS = {1: 0x80, 2: -(1 << 15), 4: -(1 << 31), 8: -(1 << 63)}  # a float's sign bit, in its word type
 
 
 def output_link(outputs: list[torch.Tensor]) -> torch.Tensor:
@@ -130,12 +132,11 @@ def window_shifts(mixed: torch.Tensor | int, windows: int, device) -> torch.Tens
 
 
 def column_signs(mixed: torch.Tensor | int, width: int, device) -> torch.Tensor:
-    """±1 (int64) for each of `width` columns from the call's mixed link: the last dimension of a query
-    drawn whole is multiplied by them. Every column's sign depends on all 31 bits of the mix, so a worker
-    that wants them before the previous call's outputs are final has to hit the whole mix (a rotation of
-    n rows would have needed only ~n tries: a red team hit one of 128 rows in 29)."""
-    bits = (_multipliers(width, torch.device(device), SIGN_SALT) * mixed).remainder_(LINK_PRIME).bitwise_and_(1)
-    return bits.mul_(-2).add_(1)
+    """For each of `width` columns, 1 where a query's column is negated (int64 0/1), from the call's mixed
+    link. Every column's sign depends on all 31 bits of the mix, so a worker that wants them before the
+    previous call's outputs are final has to hit the whole mix (a rotation of n rows, an earlier form,
+    needed only ~n tries: a red team hit one of 128 in 29)."""
+    return (_multipliers(width, torch.device(device), SIGN_SALT) * mixed).remainder_(LINK_PRIME).bitwise_and_(1)
 
 
 def mixed_link(link: torch.Tensor | int, seed: int) -> torch.Tensor | int:
@@ -254,6 +255,7 @@ class InputSets:
     _positions: dict = field(default_factory=dict, init=False)  # 0..n-1 by (n, device), made once
     _queries: list[str] = field(init=False)  # random inputs with a row per output row (workloads.whole_redrawn)
     _whole: list[str] = field(init=False)  # those of them each call draws whole (a window covers the others)
+    _signed: list[str] = field(init=False)  # those of them whose columns' signs each call sets
     _generators: dict = field(default_factory=dict, init=False)
     _moved: list[str] = field(init=False)  # where nothing is drawn whole: inputs whose rows each call rotates
 
@@ -262,6 +264,8 @@ class InputSets:
         self._queries = whole_redrawn(self.definition, self.random_names)
         self._whole = [name for name in self._queries
                        if window_elements(self.sets[0][name]) < self.sets[0][name].numel()]
+        # Signs flipped only where that leaves the distribution as drawn (not probabilities, say).
+        self._signed = [name for name in self._queries if symmetric(self.workload.inputs.get(name, DEFAULT_RANDOM))]
         self.data = redrawn_data(self.definition, self.workload, self.sets[0])
         self._spans = {**window_spans(self.sets[0], self.random_names), **data_window_spans(self.sets[0], self.data)}
         # Without a query, a window changes a few output rows, and which ones the worker knows (it writes
@@ -302,21 +306,25 @@ class InputSets:
             torch._foreach_copy_([target for target, _ in copies], [source for _, source in copies])
         for table, rows, window in indexed:
             table.index_copy_(0, rows, window)
-        self._flip_columns([inputs[name] for name in self._queries], mixed)
+        self._flip_columns([inputs[name] for name in self._signed], mixed)
 
     @staticmethod
     def _flip_columns(tensors: list[torch.Tensor], mixed: torch.Tensor | int) -> None:
-        """Each floating-point tensor, viewed as rows of its first axis, multiplied column by column by
-        column_signs (one vector for all, made once per call; exact: a sign). No part of the next call's
-        attention can be computed before the previous call's outputs are final: every score depends on
-        the signs of its query's columns."""
+        """Each floating-point tensor, viewed as rows of its first axis, has the columns column_signs picks
+        negated: its words' sign bit flipped (exact in every floating-point type, FP8 included). No part of
+        the next call's attention can be computed before the previous call's outputs are final: every
+        score depends on the signs of its query's columns."""
         tables = [tensor.view(tensor.shape[0], math.prod(tensor.shape[1:])) for tensor in tensors
                   if tensor.is_floating_point() and tensor.dim() > 1 and tensor.numel() > 0]
         if not tables:
             return
-        signs = column_signs(mixed, max(table.shape[1] for table in tables), tables[0].device)
+        negated = column_signs(mixed, max(table.shape[1] for table in tables), tables[0].device)
+        masks = {}  # by word size: the sign bit where negated, made once per call
         for table in tables:
-            table.mul_(signs[:table.shape[1]].to(table.dtype))
+            size = table.element_size()
+            if size not in masks:
+                masks[size] = (negated * SIGN_BITS[size]).to(WORD_DTYPES[size])
+            table.view(WORD_DTYPES[size]).bitwise_xor_(masks[size][:table.shape[1]])
 
     def _move_rows(self, tensor: torch.Tensor, name: str, shift: torch.Tensor) -> None:
         """`tensor`'s rows rotated in place (a generated input's data rows, among themselves): every output

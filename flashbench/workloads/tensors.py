@@ -36,6 +36,15 @@ def uniform_range(spec: RandomInput) -> tuple[float, float]:
     return spec.low or 0.0, 1.0 if spec.high is None else spec.high
 
 
+def symmetric(spec: RandomInput) -> bool:
+    """Whether negating values drawn from `spec` leaves their distribution as it is (mean 0, or bounds
+    around 0): only such an input may have its signs flipped."""
+    if spec.distribution == "normal":
+        return spec.mean == 0.0
+    low, high = uniform_range(spec)
+    return low == -high
+
+
 def refill_random(tensor: torch.Tensor, spec: RandomInput, seed: int, generator: torch.Generator) -> None:
     """Every element of `tensor` drawn afresh in place from `spec`, seeded by `seed` (`generator`, on the
     tensor's device, is reseeded): floating-point data in one pass in its own dtype; other dtypes through

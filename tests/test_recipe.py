@@ -7,7 +7,7 @@ import torch
 
 from flashbench.run.protocol import Batch, Call
 from flashbench.run.recipe import (FLUSH_METHODS, LINK_PRIME, CallClock, InputSets, L2Flush, flush_label, link_values,
-                                   column_signs, mixed_link, output_link, release_cached_memory, run_batch,
+                                   negated_columns, mixed_link, output_link, release_cached_memory, run_batch,
                                    window_shifts)
 from flashbench.workloads import random_inputs
 
@@ -200,8 +200,8 @@ def test_a_query_drawn_whole_has_its_columns_signed_by_the_link(decode_inputs, m
     assert torch.equal(first.abs(), other.abs()) or (first.abs() != other.abs()).float().mean() < 0.01
     whole, partly = int((flipped > 0.9).sum()), int(((flipped > 0) & (flipped <= 0.9)).sum())
     assert 0.25 * columns < whole < 0.75 * columns and partly <= 32  # but those the 64-byte window touched
-    negated = column_signs(mixed_link(99, 456), columns, "cpu")
-    assert torch.equal(column_signs(mixed_link(torch.tensor(99), 456), columns, "cpu"), negated)
+    negated = negated_columns(mixed_link(99, 456), columns, "cpu")
+    assert torch.equal(negated_columns(mixed_link(torch.tensor(99), 456), columns, "cpu"), negated)
     assert set(negated.tolist()) == {0, 1}
 
 
@@ -211,7 +211,7 @@ def test_a_column_sign_is_a_flip_of_the_sign_bit_exact_in_every_float_type(dtype
     query = torch.randn(6, 2, 5).to(dtype)
     flipped = query.clone()
     InputSets._flip_columns([flipped], mixed_link(7, 8))
-    negated = column_signs(mixed_link(7, 8), 10, "cpu").bool().reshape(2, 5)
+    negated = negated_columns(mixed_link(7, 8), 10, "cpu").bool().reshape(2, 5)
     assert torch.equal(flipped.float()[:, negated], -query.float()[:, negated])
     assert torch.equal(flipped.float()[:, ~negated], query.float()[:, ~negated]) and negated.any() and (~negated).any()
 

@@ -14,8 +14,8 @@ that carry data); index structure never changes. The worker does it in its arena
 on its own copies: InputSets is the one code path of both.
 
 Each call's redraw also depends on the outputs of the call before it (output_link): its windows are
-rotated by amounts derived from a number reduced from those outputs, mixed with the call's seed
-(window_shifts). A call's outputs
+rotated, and the signs of its queries' columns set, by amounts derived from a number reduced from those
+outputs, mixed with the call's seed (mixed_link, window_shifts, negated_columns). A call's outputs
 must therefore be final when the next call's steps begin. Work a call leaves running after it returns
 (on another stream, in a thread) would have the next inputs drawn from unfinished outputs, which the
 judge sees when it checks the links of the calls it reads (docs/threat_model.md, class 5b, says what a
@@ -131,7 +131,7 @@ def window_shifts(mixed: torch.Tensor | int, windows: int, device) -> torch.Tens
     return (_multipliers(windows, torch.device(device), WINDOW_SALT) * mixed).remainder_(LINK_PRIME)
 
 
-def column_signs(mixed: torch.Tensor | int, width: int, device) -> torch.Tensor:
+def negated_columns(mixed: torch.Tensor | int, width: int, device) -> torch.Tensor:
     """For each of `width` columns, 1 where a query's column is negated (int64 0/1), from the call's mixed
     link. Every column's sign depends on all 31 bits of the mix, so a worker that wants them before the
     previous call's outputs are final has to hit the whole mix (a rotation of n rows, an earlier form,
@@ -310,7 +310,7 @@ class InputSets:
 
     @staticmethod
     def _flip_columns(tensors: list[torch.Tensor], mixed: torch.Tensor | int) -> None:
-        """Each floating-point tensor, viewed as rows of its first axis, has the columns column_signs picks
+        """Each floating-point tensor, viewed as rows of its first axis, has the columns negated_columns picks
         negated: its words' sign bit flipped (exact in every floating-point type, FP8 included). No part of
         the next call's attention can be computed before the previous call's outputs are final: every
         score depends on the signs of its query's columns."""
@@ -318,7 +318,7 @@ class InputSets:
                   if tensor.is_floating_point() and tensor.dim() > 1 and tensor.numel() > 0]
         if not tables:
             return
-        negated = column_signs(mixed, max(table.shape[1] for table in tables), tables[0].device)
+        negated = negated_columns(mixed, max(table.shape[1] for table in tables), tables[0].device)
         masks = {}  # by word size: the sign bit where negated, made once per call
         for table in tables:
             size = table.element_size()
@@ -329,26 +329,20 @@ class InputSets:
     def _move_rows(self, tensor: torch.Tensor, name: str, shift: torch.Tensor) -> None:
         """`tensor`'s rows rotated in place (a generated input's data rows, among themselves): every output
         row's input moves on every call, so outputs kept from the call before are in the wrong rows."""
-        if name not in self.data:
-            tensor.copy_(self._rotated(tensor, shift))
-            return
-        table, rows = tensor.view(-1, self.data[name].width), self.data[name].rows
-        if rows is None:
+        spec = self.data.get(name)
+        table = tensor if spec is None else tensor.view(-1, spec.width)
+        if spec is None or spec.rows is None:
             table.copy_(self._rotated(table, shift))
         else:
-            table.index_copy_(0, rows, table.index_select(0, self._rotated(rows, shift)))
+            table.index_copy_(0, spec.rows, table.index_select(0, self._rotated(spec.rows, shift)))
 
     def _rotated(self, source: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         """`source` rotated along its first dimension by `shift` (window_shifts; one gather)."""
-        return source.index_select(0, self._rotation(source, shift))
-
-    def _rotation(self, source: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        """The row index that rotates `source` along its first dimension by `shift`."""
         n = source.shape[0]
         key = (n, source.device)
         if key not in self._positions:
             self._positions[key] = torch.arange(n, dtype=torch.int64, device=source.device)
-        return (self._positions[key] + shift).remainder_(n)
+        return source.index_select(0, (self._positions[key] + shift).remainder_(n))
 
     @property
     def redrawn_names(self) -> list[str]:

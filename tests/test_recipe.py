@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from flashbench.run.protocol import Batch, Call
-from flashbench.run.recipe import (FLUSH_METHODS, LINK_PRIME, CallClock, InputSets, L2Flush, flush_label, link_values,
-                                   negated_columns, mixed_link, output_link, release_cached_memory, run_batch,
+from flashbench.run.recipe import (FLUSH_METHODS, LINK_PRIME, CallClock, InputSets, L2Flush, LinkedRedraw, flush_label,
+                                   link_keys, link_values, negated_columns, mixed_link, output_link, release_cached_memory, run_batch,
                                    window_shifts)
 from flashbench.workloads import random_inputs
 
@@ -210,7 +210,9 @@ def test_a_column_sign_is_a_flip_of_the_sign_bit_exact_in_every_float_type(dtype
     """Multiplying by -1 has no FP8 kernel on a CPU; flipping the word's sign bit is exact everywhere."""
     query = torch.randn(6, 2, 5).to(dtype)
     flipped = query.clone()
-    InputSets._flip_columns([flipped], mixed_link(7, 8))
+    size = flipped.element_size()
+    _, masks = LinkedRedraw((), 10, (size,), torch.device("cpu"))(7, link_keys([8], "cpu")[0])
+    InputSets._flip_columns(InputSets._column_tables([flipped]), masks)
     negated = negated_columns(mixed_link(7, 8), 10, "cpu").bool().reshape(2, 5)
     assert torch.equal(flipped.float()[:, negated], -query.float()[:, negated])
     assert torch.equal(flipped.float()[:, ~negated], query.float()[:, ~negated]) and negated.any() and (~negated).any()
@@ -278,3 +280,26 @@ def test_a_gpu_flush_replays_the_same_launches_from_a_graph():
         assert int(flush._written.max()) == 0 and float(flush._sink) == flush._read.numel()
     assert flush._graph is not None
 
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_a_linked_redraw_derives_the_rotations_and_signs_of_each_link_and_seed(device):
+    """The same rotations and sign masks as window_shifts and negated_columns give from mixed_link, for the
+    worker's tensor link and the judge's integer, call after call (on a GPU the first call captures a
+    graph and the later ones replay it: each replay must see its own link and keys)."""
+    lengths, width = (5, 128, 3), 12
+    derive = LinkedRedraw(lengths, width, (1, 2), torch.device(device))
+    seeds = [3, 4, 5, 6]
+    keys = link_keys(seeds, device)
+    for k, (link, seed) in enumerate(zip([99, -(1 << 63), 123456789, (1 << 63) - 1], seeds)):
+        given = torch.tensor(link, device=device) if k % 2 else link
+        rotations, masks = derive(given, keys[k])
+        mixed = mixed_link(link, seed)
+        shifts = window_shifts(mixed, len(lengths), "cpu").tolist()
+        assert [rotation.tolist() for rotation in rotations] == [
+            [(i + shift) % n for i in range(n)] for n, shift in zip(lengths, shifts)]
+        negated = negated_columns(mixed, width, "cpu")
+        assert masks[1].cpu().tolist() == (negated * 0x80).tolist()
+        assert masks[2].cpu().tolist() == (negated * -(1 << 15)).tolist()
+    assert (derive._graph is not None) == (device == "cuda")

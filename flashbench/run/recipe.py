@@ -142,8 +142,19 @@ def negated_columns(mixed: torch.Tensor | int, width: int, device) -> torch.Tens
 def mixed_link(link: torch.Tensor | int, seed: int) -> torch.Tensor | int:
     """The link through three rounds that mix products modulo LINK_PRIME with exclusive or (operations
     that share no algebra, so no round undoes another), keyed by the seed; in [0, LINK_PRIME). The same
-    operators on the worker's 0-d tensor (a few launches, no wait) and on the judge's integer."""
-    k0, k1, k2, k3 = _link_keys(seed)
+    operators on a 0-d tensor (LinkedRedraw: launches, no wait) and on an integer."""
+    return _mix(link, _link_keys(seed))
+
+
+def link_keys(seeds: list[int], device) -> torch.Tensor:
+    """The keys of mixed_link for each seed, as rows of an int64 tensor on `device`: made once per batch, so
+    that a call's mix takes its keys from the device and the host copies nothing while the calls run."""
+    return torch.tensor([_link_keys(seed) for seed in seeds], dtype=torch.int64, device=device).reshape(-1, 4)
+
+
+def _mix(link, keys):
+    """mixed_link with its keys given: four integers, or a tensor of four."""
+    k0, k1, k2, k3 = keys
     a = link % LINK_PRIME
     b = link // LINK_PRIME % LINK_PRIME
     a = (a + k0) * (b + k1) % LINK_PRIME
@@ -233,6 +244,51 @@ class CallClock:
         return [(e - s) * 1e3 for s, e in pairs]
 
 
+class LinkedRedraw:
+    """What a call's redraw takes from its link and its keys (a row of link_keys): a rotation (an index
+    of n positions, window_shifts) for each of `lengths`, and the sign-bit mask of `width` query columns
+    (negated_columns) for each word size in `sizes`. About thirty small launches: on a GPU captured once
+    in a CUDA graph and replayed, one launch for the host. Issued one by one, with the rest of the steps,
+    they took the host longer than the device took for the flush and the call (0.6-1.1 ms of host time
+    per call on an H100, docs/measurement.md), and the judge's clock measured the host."""
+
+    def __init__(self, lengths: tuple[int, ...], width: int, sizes: tuple[int, ...], device: torch.device):
+        self.lengths, self.width, self.sizes = lengths, width, sizes
+        self._on_gpu = device.type == "cuda"
+        # The graph reads its inputs from these and writes its outputs to the same tensors every replay.
+        self._link = torch.zeros((), dtype=torch.int64, device=device)
+        self._keys = torch.zeros(4, dtype=torch.int64, device=device)
+        self._positions = [torch.arange(n, dtype=torch.int64, device=device) for n in lengths]
+        self._graph = self._outputs = None
+
+    def __call__(self, link: torch.Tensor | int, keys: torch.Tensor) -> tuple[list[torch.Tensor], dict]:
+        """(rotations, {word size: mask}) for `link` (the worker's 0-d tensor or the judge's integer)."""
+        if isinstance(link, torch.Tensor):
+            self._link.copy_(link)
+        else:
+            self._link.fill_(link)
+        self._keys.copy_(keys)
+        if self._graph is not None:
+            self._graph.replay()
+            return self._outputs
+        outputs = self._derive()
+        if self._on_gpu:  # after one run as it is, the same launches captured
+            self._graph = torch.cuda.CUDAGraph()
+            # thread_local: another lane's thread may use the device (its own) meanwhile
+            with torch.cuda.graph(self._graph, capture_error_mode="thread_local"):
+                self._outputs = self._derive()
+        return outputs
+
+    def _derive(self) -> tuple[list[torch.Tensor], dict]:
+        device = self._link.device
+        mixed = _mix(self._link, self._keys.unbind())
+        shifts = window_shifts(mixed, len(self.lengths), device)
+        rotations = [(positions + shifts[i]).remainder_(n)
+                     for i, (positions, n) in enumerate(zip(self._positions, self.lengths))]
+        negated = negated_columns(mixed, self.width, device)
+        return rotations, {size: (negated * SIGN_BITS[size]).to(WORD_DTYPES[size]) for size in self.sizes}
+
+
 @dataclass
 class InputSets:
     """The tensor inputs of each set and how a batch redraws part of their data: one draw of fresh
@@ -252,7 +308,8 @@ class InputSets:
     _fresh: dict = field(default_factory=dict, init=False)
     _fresh_data: dict = field(default_factory=dict, init=False)
     _starts: dict = field(default_factory=dict, init=False)
-    _positions: dict = field(default_factory=dict, init=False)  # 0..n-1 by (n, device), made once
+    _keys: torch.Tensor | None = field(default=None, init=False)  # link_keys of the batch's calls
+    _linked: dict = field(default_factory=dict, init=False)  # a LinkedRedraw by what it derives
     _queries: list[str] = field(init=False)  # random inputs with a row per output row (workloads.whole_redrawn)
     _whole: list[str] = field(init=False)  # those of them each call draws whole (a window covers the others)
     _signed: list[str] = field(init=False)  # those of them whose columns' signs each call sets
@@ -278,6 +335,7 @@ class InputSets:
         self._fresh = draw_windows(self.definition, self.workload, like, self.random_names, seed, len(calls))
         self._fresh_data = draw_data_windows(self.workload, like, self.data, seed, len(calls))
         self._starts = window_starts(seed, [call.seed or 0 for call in calls], self._spans)
+        self._keys = link_keys([call.seed or 0 for call in calls], next(iter(like.values())).device)
 
     def redraw(self, k: int, link: torch.Tensor | int | None = None) -> None:
         """Call `k` of the batch drawn last, on its set (nothing without a seed): the inputs with a row per
@@ -291,58 +349,62 @@ class InputSets:
         inputs = self.sets[call.set]
         sliced, indexed = data_window_copies(inputs, self.data, self._fresh_data, k, self._starts)
         copies = window_copies(inputs, self._fresh, k, self._starts) + sliced
-        sources = [source for _, source in copies] + [window for _, _, window in indexed]
-        changed = [inputs[name] for name in self._queries + self._moved] + sources
-        if not changed:
+        moved = [self._row_table(inputs[name], name) for name in self._moved]
+        if not (self._queries or moved or copies or indexed):
             return
-        mixed = mixed_link(0 if link is None else link, call.seed)
         refill_whole(self.workload, inputs, self._whole, call.seed, self._generators)
-        shifts = iter(window_shifts(mixed, len(self._moved) + len(sources), changed[0].device))
-        for name in self._moved:
-            self._move_rows(inputs[name], name, next(shifts))
-        copies = [(target, self._rotated(source, next(shifts))) for target, source in copies]
-        indexed = [(table, rows, self._rotated(window, next(shifts))) for table, rows, window in indexed]
+        columns = self._column_tables([inputs[name] for name in self._signed])
+        lengths = ([table.shape[0] if rows is None else rows.shape[0] for table, rows in moved]
+                   + [source.shape[0] for _, source in copies] + [window.shape[0] for _, _, window in indexed])
+        rotations, masks = self._linked_redraw(tuple(lengths), columns)(0 if link is None else link, self._keys[k])
+        rotations = iter(rotations)
+        for table, rows in moved:
+            self._move_rows(table, rows, next(rotations))
+        copies = [(target, source.index_select(0, next(rotations))) for target, source in copies]
+        indexed = [(table, rows, window.index_select(0, next(rotations))) for table, rows, window in indexed]
         if copies:
             torch._foreach_copy_([target for target, _ in copies], [source for _, source in copies])
         for table, rows, window in indexed:
             table.index_copy_(0, rows, window)
-        self._flip_columns([inputs[name] for name in self._signed], mixed)
+        self._flip_columns(columns, masks)
+
+    def _linked_redraw(self, lengths: tuple[int, ...], columns: list[torch.Tensor]) -> LinkedRedraw:
+        width = max((table.shape[1] for table in columns), default=0)
+        sizes = tuple(sorted({table.element_size() for table in columns}))
+        key = (lengths, width, sizes)
+        if key not in self._linked:
+            self._linked[key] = LinkedRedraw(lengths, width, sizes, self._keys.device)
+        return self._linked[key]
 
     @staticmethod
-    def _flip_columns(tensors: list[torch.Tensor], mixed: torch.Tensor | int) -> None:
-        """Each floating-point tensor, viewed as rows of its first axis, has the columns negated_columns picks
-        negated: its words' sign bit flipped (exact in every floating-point type, FP8 included). No part of
-        the next call's attention can be computed before the previous call's outputs are final: every
-        score depends on the signs of its query's columns."""
-        tables = [tensor.view(tensor.shape[0], math.prod(tensor.shape[1:])) for tensor in tensors
-                  if tensor.is_floating_point() and tensor.dim() > 1 and tensor.numel() > 0]
-        if not tables:
-            return
-        negated = negated_columns(mixed, max(table.shape[1] for table in tables), tables[0].device)
-        masks = {}  # by word size: the sign bit where negated, made once per call
+    def _column_tables(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each floating-point tensor viewed as rows of its first axis (its columns: all the rest)."""
+        return [tensor.view(tensor.shape[0], math.prod(tensor.shape[1:])) for tensor in tensors
+                if tensor.is_floating_point() and tensor.dim() > 1 and tensor.numel() > 0]
+
+    @staticmethod
+    def _flip_columns(tables: list[torch.Tensor], masks: dict[int, torch.Tensor]) -> None:
+        """Each table (_column_tables) has the columns its word size's mask marks negated: its words' sign bit
+        flipped (exact in every floating-point type, FP8 included). No part of the next call's attention can
+        be computed before the previous call's outputs are final: every score depends on the signs of its
+        query's columns."""
         for table in tables:
             size = table.element_size()
-            if size not in masks:
-                masks[size] = (negated * SIGN_BITS[size]).to(WORD_DTYPES[size])
             table.view(WORD_DTYPES[size]).bitwise_xor_(masks[size][:table.shape[1]])
 
-    def _move_rows(self, tensor: torch.Tensor, name: str, shift: torch.Tensor) -> None:
-        """`tensor`'s rows rotated in place (a generated input's data rows, among themselves): every output
-        row's input moves on every call, so outputs kept from the call before are in the wrong rows."""
+    def _row_table(self, tensor: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An input as the table of rows a call rotates, and which of them carry data (None: all)."""
         spec = self.data.get(name)
-        table = tensor if spec is None else tensor.view(-1, spec.width)
-        if spec is None or spec.rows is None:
-            table.copy_(self._rotated(table, shift))
-        else:
-            table.index_copy_(0, spec.rows, table.index_select(0, self._rotated(spec.rows, shift)))
+        return (tensor, None) if spec is None else (tensor.view(-1, spec.width), spec.rows)
 
-    def _rotated(self, source: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        """`source` rotated along its first dimension by `shift` (window_shifts; one gather)."""
-        n = source.shape[0]
-        key = (n, source.device)
-        if key not in self._positions:
-            self._positions[key] = torch.arange(n, dtype=torch.int64, device=source.device)
-        return source.index_select(0, (self._positions[key] + shift).remainder_(n))
+    @staticmethod
+    def _move_rows(table: torch.Tensor, rows: torch.Tensor | None, rotation: torch.Tensor) -> None:
+        """`table`'s rows (those in `rows`, among themselves) rotated in place: every output row's input moves
+        on every call, so outputs kept from the call before are in the wrong rows."""
+        if rows is None:
+            table.copy_(table.index_select(0, rotation))
+        else:
+            table.index_copy_(0, rows, table.index_select(0, rows.index_select(0, rotation)))
 
     @property
     def redrawn_names(self) -> list[str]:

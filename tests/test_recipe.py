@@ -211,7 +211,7 @@ def test_a_column_sign_is_a_flip_of_the_sign_bit_exact_in_every_float_type(dtype
     query = torch.randn(6, 2, 5).to(dtype)
     flipped = query.clone()
     size = flipped.element_size()
-    _, masks = LinkedRedraw((), 10, (size,), torch.device("cpu"))(7, link_keys([8], "cpu")[0])
+    _, masks, _ = LinkedRedraw((), 10, (size,), torch.device("cpu"))(7, link_keys([8], "cpu")[0])
     InputSets._flip_columns(InputSets._column_tables([flipped]), masks)
     negated = negated_columns(mixed_link(7, 8), 10, "cpu").bool().reshape(2, 5)
     assert torch.equal(flipped.float()[:, negated], -query.float()[:, negated])
@@ -285,7 +285,8 @@ def test_a_gpu_flush_replays_the_same_launches_from_a_graph():
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device"))])
 def test_a_linked_redraw_derives_the_rotations_and_signs_of_each_link_and_seed(device):
-    """The same rotations and sign masks as window_shifts and negated_columns give from mixed_link, for the
+    """The same rotations and sign masks as window_shifts and negated_columns give from mixed_link (and a
+    factor from the mix), for the
     worker's tensor link and the judge's integer, call after call (on a GPU the first call captures a
     graph and the later ones replay it: each replay must see its own link and keys)."""
     lengths, width = (5, 128, 3), 12
@@ -294,7 +295,7 @@ def test_a_linked_redraw_derives_the_rotations_and_signs_of_each_link_and_seed(d
     keys = link_keys(seeds, device)
     for k, (link, seed) in enumerate(zip([99, -(1 << 63), 123456789, (1 << 63) - 1], seeds)):
         given = torch.tensor(link, device=device) if k % 2 else link
-        rotations, masks = derive(given, keys[k])
+        rotations, masks, factor = derive(given, keys[k])
         mixed = mixed_link(link, seed)
         shifts = window_shifts(mixed, len(lengths), "cpu").tolist()
         assert [rotation.tolist() for rotation in rotations] == [
@@ -302,4 +303,6 @@ def test_a_linked_redraw_derives_the_rotations_and_signs_of_each_link_and_seed(d
         negated = negated_columns(mixed, width, "cpu")
         assert masks[1].cpu().tolist() == (negated * 0x80).tolist()
         assert masks[2].cpu().tolist() == (negated * -(1 << 15)).tolist()
+        assert factor.item() == (torch.tensor(mixed, dtype=torch.float32) * 2.0 ** -31 + 1).item()
+        assert 1 <= factor.item() < 2
     assert (derive._graph is not None) == (device == "cuda")

@@ -17,7 +17,7 @@ from flashbench.model import Lengths, Workload
 from flashbench.model.workload import FP8KVCache, KVCacheValues, SparseDecodeIndices, SparsePrefillIndices
 from flashbench.run.judge.inputs import JobInputs
 from flashbench.run.protocol import Call
-from flashbench.run.recipe import InputSets
+from flashbench.run.recipe import InputSets, mixed_link
 from flashbench.workloads import (
     REDRAW_WINDOW_BYTES, GeneratedData, derive_seed, draw_data_windows, generate_inputs, generated_data, generators, random_inputs,
     unredrawn_data_inputs,
@@ -273,9 +273,17 @@ def test_a_call_redraws_a_window_of_a_generated_cache_validly(packed):
     before, after = tensors[name].view(-1, width), sets.sets[0][name].view(-1, width)
     count = min(40 * 64, REDRAW_WINDOW_BYTES // (width * after.element_size()))
     assert count < 40 * 64  # the window is part of the cache
-    # Nothing is drawn whole here, so every row moves (a rotation of all rows), then a window is written.
-    shift, kept = rotation_of(before, after)
-    assert shift != 0 and int(kept.sum()) >= 40 * 64 - count
+    # Nothing is drawn whole here: packed bytes have every row moved (a rotation of all rows), bfloat16 values
+    # are scaled by a factor from the mix of the link (none here: 0) and the call's seed; then a window is written.
+    if packed:
+        shift, kept = rotation_of(before, after)
+        assert shift != 0
+    else:
+        factor = torch.tensor(mixed_link(0, 77), dtype=torch.float32) * 2.0 ** -31 + 1
+        scaled = torch.mul(before, factor)
+        kept = (after == scaled).all(1)
+        assert 1 < factor.item() < 2 and (scaled != before).float().mean() > 0.9  # all but zeros change
+    assert int(kept.sum()) >= 40 * 64 - count
     changed = torch.nonzero(~kept).flatten()
     start = int(changed.min())
     assert int(changed.max()) < start + count and len(changed) > 0.95 * count  # one window, (nearly) every row of it
@@ -289,9 +297,9 @@ def test_a_call_redraws_a_window_of_a_generated_cache_validly(packed):
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_rows_moved_by_a_link_are_moved_alike_by_the_worker_and_the_judge(packed):
-    """The worker rotates with its link as a tensor, the judge with the integer it was told: the same rows
-    land in the same places; another link moves them elsewhere."""
+def test_a_cache_changed_by_a_link_is_changed_alike_by_the_worker_and_the_judge(packed):
+    """The worker rotates (packed bytes) or scales (bfloat16) with its link as a tensor, the judge with the
+    integer it was told: the same values land in the same places; another link changes them otherwise."""
     definition = Repo(ROOT).definition(DEQUANTIZE if packed else QUANTIZE)
     workload = big_quantize(packed)
     _, tensors = made_tensors(definition, workload, 4)
@@ -303,6 +311,22 @@ def test_rows_moved_by_a_link_are_moved_alike_by_the_worker_and_the_judge(packed
         sets.redraw(1, link)
         results.append(sets.sets[0][name])
     assert torch.equal(results[0], results[1]) and not torch.equal(results[1], results[2])
+
+
+def test_no_token_of_a_scaled_cache_comes_back_in_the_next_call():
+    """A rotation of the rows let a worker that knows it move its previous outputs into their new rows and
+    compute only the window (a red team's FP8 quantize: 5x faster on a CPU). Scaled by a factor from the
+    link, the values the set started with give no token of one call again in the next (but all-zero ones)."""
+    definition = Repo(ROOT).definition(QUANTIZE)
+    workload = big_quantize(False)
+    _, tensors = made_tensors(definition, workload, 4)
+    sets = InputSets(definition, workload, [{n: t.clone() for n, t in tensors.items()}], random_inputs(definition, workload))
+    sets.draw(5, [Call(set=0, slot=j, seed=77 + j) for j in range(3)])
+    caches = []
+    for k, link in ((1, 11), (2, 12)):
+        sets.redraw(k, link)
+        caches.append({tuple(row) for row in sets.sets[0]["kv_cache"].view(-1, 576).view(torch.int16).tolist() if any(row)})
+    assert len(caches[0]) > 1000 and not caches[0] & caches[1]
 
 
 def test_a_call_redraws_only_the_decode_caches_data_tokens():

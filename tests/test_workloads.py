@@ -435,3 +435,13 @@ def test_only_inputs_drawn_around_zero_may_have_their_signs_flipped():
     assert symmetric(RandomInput(type="random", distribution="uniform", low=-2.0, high=2.0))
     assert not symmetric(RandomInput(type="random", distribution="uniform"))
     assert not symmetric(RandomInput(type="random", mean=1.0))
+
+
+def test_only_normal_draws_about_zero_may_be_scaled():
+    """A call without a query scales such an input by a factor in [1, 2): a normal about zero stays one; a
+    uniform range would move its bounds (values in [-1, 1) could reach 2)."""
+    from flashbench.model.workload import RandomInput
+    from flashbench.workloads.tensors import scalable
+    assert scalable(RandomInput(type="random", std=3.0))
+    assert not scalable(RandomInput(type="random", distribution="uniform", low=-1.0, high=1.0))
+    assert not scalable(RandomInput(type="random", mean=1.0))

@@ -35,7 +35,7 @@ import torch
 
 from ..model import Definition, Workload
 from ..workloads import (DEFAULT_RANDOM, GeneratedData, data_window_copies, data_window_spans, draw_data_windows,
-                         draw_windows, redrawn_data, refill_whole, symmetric, whole_redrawn, window_copies,
+                         draw_windows, redrawn_data, refill_whole, scalable, symmetric, whole_redrawn, window_copies,
                          window_elements, window_spans, window_starts)
 from .protocol import Batch, Call
 
@@ -337,10 +337,12 @@ class InputSets:
         # them): it could keep the others from the call before. Moving every row keeps none in place, but
         # a worker that knows the move can move its outputs alike (a red team's FP8 quantize did, 5x faster
         # on a CPU). Values scaled by a factor that is no power of two change every output in a way no
-        # output of the call before gives: floating-point inputs are scaled, the others (packed bytes,
-        # where moving outputs costs more than computing them) rotated.
+        # output of the call before gives: floating-point data a generator makes, and random inputs drawn
+        # about zero, are scaled; the others (packed bytes, where moving outputs costs more than computing
+        # them; values whose range matters) rotated.
         changing = [] if self._queries else [name for name in self.redrawn_names if self._spans.get(name, 0) > 0]
-        self._scaled = [name for name in changing if self.sets[0][name].dtype in SCALED_DTYPES]
+        self._scaled = [name for name in changing if self.sets[0][name].dtype in SCALED_DTYPES and (
+            name in self.data or scalable(self.workload.inputs.get(name, DEFAULT_RANDOM)))]
         self._moved = [name for name in changing if name not in self._scaled]
 
     def draw(self, seed: int, calls: list[Call]) -> None:

@@ -24,7 +24,7 @@ from ..dtypes import is_float
 from ..model import Definition, Workload
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 from .generators import DATA_OUTPUTS, GENERATORS, GeneratedData, sample_lengths
-from .tensors import DEFAULT_RANDOM, random_tensor, refill_random, safetensors_tensor, scalar_value, symmetric
+from .tensors import DEFAULT_RANDOM, random_tensor, refill_random, safetensors_tensor, scalable, scalar_value, symmetric
 
 __all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "whole_redrawn",
            "refill_whole", "draw_windows", "window_copies", "window_elements", "window_spans", "window_starts",

@@ -45,6 +45,12 @@ def symmetric(spec: RandomInput) -> bool:
     return low == -high
 
 
+def scalable(spec: RandomInput) -> bool:
+    """Whether values drawn from `spec` times a positive factor are of the same kind (a normal about 0
+    stays one; a uniform range would move its bounds): only such an input may be scaled."""
+    return spec.distribution == "normal" and spec.mean == 0.0
+
+
 def refill_random(tensor: torch.Tensor, spec: RandomInput, seed: int, generator: torch.Generator) -> None:
     """Every element of `tensor` drawn afresh in place from `spec`, seeded by `seed` (`generator`, on the
     tensor's device, is reseeded): floating-point data in one pass in its own dtype; other dtypes through

@@ -280,7 +280,7 @@ class LinkedRedraw:
         if self._on_gpu:  # after one run as it is, the same launches captured
             self._graph = torch.cuda.CUDAGraph()
             # thread_local: another lane's thread may use the device (its own) meanwhile
-            with torch.cuda.graph(self._graph, capture_error_mode="thread_local"):
+            with torch.cuda.device(self._link.device), torch.cuda.graph(self._graph, capture_error_mode="thread_local"):
                 self._outputs = self._derive()
         return outputs
 

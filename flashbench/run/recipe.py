@@ -322,7 +322,7 @@ class InputSets:
     _generators: dict = field(default_factory=dict, init=False)
     _moved: list[str] = field(init=False)  # where nothing is drawn whole: inputs whose rows each call rotates
     _scaled: list[str] = field(init=False)  # ... and floating-point inputs each call scales instead
-    _first: dict = field(default_factory=dict, init=False)  # (set, name) -> a scaled input's values before any call
+    _first: dict = field(default_factory=dict, init=False)  # (set, name) -> a scaled input's first values, float32+
 
     def __post_init__(self):
         # Not those a window already covers whole: its copy would overwrite the whole draw.
@@ -371,7 +371,10 @@ class InputSets:
             return
         for name in self._scaled:  # the set as written before its first call (on both sides alike)
             if (call.set, name) not in self._first:
-                self._first[call.set, name] = inputs[name].clone()
+                # In float32 (exact for every scaled type but float64): multiplied as it is, a 16-bit input would
+                # have the factor rounded to its own type on a GPU, leaving 129 factors, few enough to keep a
+                # table of outputs for each (a red team's finding from CUDA's type rules).
+                self._first[call.set, name] = inputs[name].to(torch.promote_types(inputs[name].dtype, torch.float32))
         refill_whole(self.workload, inputs, self._whole, call.seed, self._generators)
         columns = self._column_tables([inputs[name] for name in self._signed])
         lengths = ([table.shape[0] if rows is None else rows.shape[0] for table, rows in moved]

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .binding import BindingError
+from .build import FolderError, read_file
 from .errors import FlashbenchError
 from .model import Solution, WorkloadSet, load_model
 from .registry import WORKLOADS_SUFFIX, Repo, is_definition_file, load_definition_file, load_solution_folder
@@ -112,11 +113,17 @@ def expected_parameters(definition, solution: Solution) -> list[str]:
 
 
 def check_signature_statically(source: Path, function: str, expected: list[str], manifest: Path) -> None:
-    """Find `def function(...)` at the top level of `source` without importing (it is untrusted code)."""
+    """Find `def function(...)` at the top level of `source` without importing (it is untrusted code: read as
+    the judge reads a folder's files, never through a link nor past the size limit, and a source the parser
+    cannot hold, one of 100 KB of nested operators, say, is an error, not a crash)."""
     try:
-        tree = ast.parse(source.read_text(), filename=str(source))
+        tree = ast.parse(read_file(source), filename=str(source))
+    except FolderError as exc:
+        raise FlashbenchError(exc.message, manifest, "entry_point") from None
     except SyntaxError as exc:
         raise FlashbenchError(f"{source.name} line {exc.lineno}: {exc.msg}", manifest, "entry_point") from None
+    except (ValueError, MemoryError, RecursionError) as exc:
+        raise FlashbenchError(f"{source.name} cannot be parsed: {type(exc).__name__}", manifest, "entry_point") from None
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
             args = node.args

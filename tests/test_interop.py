@@ -492,6 +492,15 @@ def test_a_fib_solution_json_that_cannot_run_here_says_why(dataset, tmp_path):
         solution_from_fib_json(broken, tmp_path)
 
 
+@pytest.mark.parametrize("sources", [{"main.py": "def run(): pass", ".": "x"},
+                                     {"main.py": "def run(): pass", "lib": "x", "lib/a.py": "y"}])
+def test_a_fib_solution_json_whose_source_path_names_a_folder_says_why(tmp_path, sources):
+    """A source at "." (the folder itself) or at a path another source lies under ended in IsADirectoryError."""
+    odd = write(tmp_path / "odd.json", solution("x", "y", "python", sources, "main.py::run"))
+    with pytest.raises(FlashbenchError, match="cannot be written inside a solution folder"):
+        solution_from_fib_json(odd, tmp_path / "materialised")
+
+
 # --- export ----------------------------------------------------------------------------------------
 
 def test_fib_dataset_round_trip_keeps_what_both_formats_express(imported, dataset, tmp_path):

@@ -185,6 +185,28 @@ def test_solution_with_wrong_signature_fails_validation(root):
     assert not results[path].ok and "entry_point" in results[path].error and "run takes (q_nope, q_pe)" in results[path].error
 
 
+@pytest.mark.parametrize("source", [b"x = " + b"-" * 100_000 + b"1\n", b"x = " + b"1+" * 200_000 + b"1\n",
+                                    b"def run():\n    return '\xff'\n", b"x = 1\0\n"])
+def test_an_entry_source_the_parser_cannot_hold_fails_validation_with_one_line(root, source):
+    """Nested operators ran the parser out of stack (RecursionError) or memory, a byte that is not UTF-8 or a
+    NUL raised another error type: a traceback, and a whole-repo validate reported none of the other folders."""
+    path = add_solution(root, DECODE, DECODE)
+    (path / "kernel.py").write_bytes(source)
+    results = {c.path: c for c in validate(Repo(root), [path])}
+    assert not results[path].ok and "entry_point" in results[path].error
+
+
+def test_an_entry_file_linked_to_a_fifo_fails_validation_without_blocking(root, tmp_path):
+    """An entry file linked to something that blocks on read (/proc/kmsg for a root runner) hung validate."""
+    path = add_solution(root, DECODE, DECODE)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (path / "kernel.py").unlink()
+    (path / "kernel.py").symlink_to(fifo)
+    results = {c.path: c for c in validate(Repo(root), [path])}
+    assert not results[path].ok
+
+
 def test_find_root_searches_upwards(root, monkeypatch):
     monkeypatch.delenv("FLASHBENCH_ROOT", raising=False)
     nested = root / "solutions" / "deep" / "er"
@@ -249,6 +271,19 @@ def test_a_manifest_nested_past_the_limit_is_refused_before_it_is_built(root, le
     (path / "solution.yaml").write_text(text + "target_hardware: " + "[" * levels + "]" * levels + "\n")
     with pytest.raises(FlashbenchError, match=message):
         load_solution_folder(path)
+
+
+@pytest.mark.parametrize("value", ["2001-13-45", "9" * 5000])
+def test_a_manifest_value_yaml_cannot_build_is_refused_with_one_line(root, value):
+    """A date past the calendar and an integer past Python's digit limit raise ValueError while the value is
+    built, not a YAML error: either stopped every run, board and validation of the definition."""
+    good = add_solution(root, DECODE, DECODE, name="good")
+    bad = add_solution(root, DECODE, DECODE, name="bad")
+    (bad / "solution.yaml").write_text((bad / "solution.yaml").read_text() + f"extra: {value}\n")
+    with pytest.raises(FlashbenchError) as info:
+        load_solution_folder(bad)
+    assert "invalid YAML value" in info.value.message and info.value.file == str(bad / "solution.yaml")
+    assert [f.path for f in Repo(root).solution_folders(DECODE)] == [good]
 
 
 def test_an_invalid_folder_leaves_the_definitions_other_folders_usable(root):

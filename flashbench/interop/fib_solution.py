@@ -127,9 +127,12 @@ def write_folder(folder: Path, plan: FolderPlan) -> None:
 
 
 def write_files(folder: Path, files: dict[str, str]) -> None:
+    relatives = {PurePosixPath(path) for path in files}
     for path in files:
         relative = PurePosixPath(path)
-        if relative.is_absolute() or ".." in relative.parts or str(relative) == "solution.yaml":
+        # "." (or "") names the folder itself, and a path another lies under names a folder: neither is a file.
+        if (relative.is_absolute() or not relative.parts or ".." in relative.parts or str(relative) == "solution.yaml"
+                or any(relative in other.parents for other in relatives)):
             raise ValueError(f"sources: path {path!r} cannot be written inside a solution folder")
     folder.mkdir(parents=True)
     for path, text in files.items():

@@ -42,6 +42,8 @@ def parse_document(text: str, path: Path, untrusted: bool = False) -> object:
             raise FlashbenchError(f"line {exc.lineno}: invalid JSON: {exc.msg}", path) from None
         except RecursionError:
             raise FlashbenchError("nested too deeply", path) from None
+        except ValueError as exc:  # an integer past Python's digit limit
+            raise FlashbenchError(f"invalid JSON value: {exc}", path) from None
     if untrusted:
         _check_untrusted_yaml(text, path)
     try:
@@ -51,6 +53,10 @@ def parse_document(text: str, path: Path, untrusted: bool = False) -> object:
         where = f"line {mark.line + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise FlashbenchError(f"{where}invalid YAML: {problem}", path) from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # Raised while a scalar is built (a date such as 2001-13-45, an integer past Python's digit
+        # limit), not as a YAMLError: one such manifest stopped every run of its definition.
+        raise FlashbenchError(f"invalid YAML value: {str(exc)[:200]}", path) from None
 
 
 def _check_untrusted_yaml(text: str, path: Path) -> None:

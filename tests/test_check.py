@@ -70,6 +70,22 @@ def test_nan_fails_even_where_a_mismatch_fraction_is_allowed():
     assert bad
 
 
+@pytest.mark.parametrize("value", [INF, -INF])
+def test_an_infinity_the_reference_lacks_fails_even_where_a_mismatch_fraction_is_allowed(value):
+    # One element in 10,000 may be off on the FP8 sparse decode definitions: an infinity there passed, and
+    # becomes NaN in every later layer. An infinity the reference has (an empty request's lse) still agrees.
+    lenient = Tolerance(atol=1e-2, rtol=1e-2, max_mismatch_fraction=1e-3)
+    got = [1.0] * 10_000
+    got[17] = value
+    stats, bad = error(got, [1.0] * 10_000, lenient)
+    assert stats.mismatch_fraction == pytest.approx(1e-4) and bad
+    got[17], expected = -INF, [1.0] * 10_000
+    expected[17] = -INF
+    assert not error(got, expected, lenient)[1]
+    got[17] = 5.0  # merely far off: the fraction allows it
+    assert not error(got, [1.0] * 10_000, lenient)[1]
+
+
 def test_tolerance_edges():
     tolerance = Tolerance(atol=0.25, rtol=0.5)  # exact in binary: allowed = 0.25 + 0.5 * |ref|
     assert not error([1.0 + 0.75], [1.0], tolerance)[1]  # exactly on the edge: inside

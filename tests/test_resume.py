@@ -11,7 +11,7 @@ from flashbench import Repo
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
 from flashbench.run.protocol import Failed, FailureStatus
 from flashbench.run.resume import settled
-from trace_factory import make_trace
+from trace_factory import EVENTS, make_trace
 
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
 FIXTURES = Path(__file__).parent / "fixtures" / "solutions" / DEFINITION
@@ -42,6 +42,27 @@ def test_a_missing_dependency_runs_again():
 def test_a_toolchain_failure_a_worker_reports_is_settled(status, message):
     """The worker's words: the judge checks the toolchain itself before any worker starts (MISSING_DEPENDENCY)."""
     assert settled(trace(status, message))
+
+
+@pytest.mark.parametrize("recorded, run, again", [("process", "namespaces", True), (None, "process", True),
+                                                   ("namespaces", "process", False), ("process", "process", False)])
+def test_a_record_made_less_isolated_than_the_run_runs_again(recorded, run, again):
+    """A record made at level process was kept by a --resume at level namespaces, which said its workers were
+    isolated at that level: a solution that cheats where it sees other processes would keep its result."""
+    for status in ("PASSED", "INCORRECT_NUMERICAL"):
+        made = trace(status).model_copy(update={"isolation": recorded})
+        assert settled(made, run) is not again
+
+
+def test_a_time_measured_otherwise_runs_again():
+    """After another L2 flush, or on inputs whose seeds were public, a time measured something else."""
+    measured = {"seeds": "secret", "l2_flush": "flushed: write+read v3"}
+    passed = make_trace("s", "w", latency_ms=1.0, timing={**EVENTS, **measured}).model_copy(update={"isolation": "namespaces"})
+    assert settled(passed, "namespaces", measured)
+    assert not settled(passed, "namespaces", {**measured, "l2_flush": "flushed: write+read v4"})
+    assert not settled(passed, "namespaces", {**measured, "seeds": "public"})
+    failed = trace("INCORRECT_NUMERICAL").model_copy(update={"isolation": "namespaces"})
+    assert settled(failed, "namespaces", {**measured, "seeds": "public"})  # no time: nothing measured otherwise
 
 
 def test_no_worker_can_report_the_status_that_runs_again():

@@ -6,10 +6,26 @@ nvcc included, is the solution's and stays recorded: were it believed, a solutio
 it did not like and keep its best attempt."""
 
 from ..model import Trace
+from .sandbox import ISOLATION_LEVELS
 
 RUN_AGAIN = "MISSING_DEPENDENCY"
 
 
-def settled(trace: Trace) -> bool:
-    """Whether a recorded trace counts as done for `--resume`."""
-    return trace.status != RUN_AGAIN
+def settled(trace: Trace, isolation: str | None = None, timing: dict | None = None) -> bool:
+    """Whether a recorded trace counts as done for `--resume` in a run whose workers are isolated at level
+    `isolation` and whose timed results record `timing` (those keys of Performance.timing: the L2 flush,
+    whether the seeds were public). A record made with its worker less isolated than the run's is run
+    again: a solution that cheats only where it can see other processes kept such a record, and the run
+    said its workers were isolated more strongly. So is a time measured otherwise: after another flush,
+    or on inputs whose seeds were public (known to the solution before it ran)."""
+    if trace.status == RUN_AGAIN:
+        return False
+    if isolation is not None and _strength(trace.isolation) < _strength(isolation):
+        return False
+    recorded = trace.performance.timing if trace.performance is not None else None
+    return recorded is None or all(recorded.get(key) == value for key, value in (timing or {}).items())
+
+
+def _strength(isolation: str | None) -> int:
+    """Higher is stronger; a level this version does not know is the weakest."""
+    return len(ISOLATION_LEVELS) - ISOLATION_LEVELS.index(isolation) if isolation in ISOLATION_LEVELS else 0

@@ -80,7 +80,7 @@ class Runner:
         recorder.open()
         calibration = load_calibration(self.trace_dir, self.hardware)
         result = RunResult(trace_file=self.trace_file, isolation=config.isolation)
-        jobs = self._pending_jobs(chosen, workloads, result, advance)
+        jobs = self._pending_jobs(chosen, workloads, result, advance, config.isolation)
         tainted: set[int] = set()
         with self._backend(judge, config) as backend:
             for phase in ([j for j in jobs if j.candidate.solution.name == REFERENCE],
@@ -107,13 +107,14 @@ class Runner:
         from .pool import DevicePool
         return DevicePool(judge, list(self.options.devices or [self.options.device]))
 
-    def _pending_jobs(self, chosen, workloads, result: RunResult, advance) -> list[Job]:
+    def _pending_jobs(self, chosen, workloads, result: RunResult, advance, isolation: str) -> list[Job]:
         done = self._recorded() if self.options.resume else {}
+        measured = {"seeds": self._seeds(), **({"l2_flush": flush_label(self.options.flush)} if self.options.on_gpu else {})}
         jobs = []
         for candidate in chosen:
             for workload in workloads:
                 previous = done.get((candidate.hash, workload.uuid))
-                if previous is not None and settled(previous):
+                if previous is not None and settled(previous, isolation, measured):
                     result.skipped.append(previous)
                     self._remember(previous)
                     advance()
@@ -162,7 +163,7 @@ class Runner:
             flops=cost[1] if cost else None,
             timing={
                 "method": method, "warmup": self.options.warmup, "iters": self.options.iters,
-                "input_sets": self.options.input_sets, "seeds": "public" if self.options.seed is not None else "secret",
+                "input_sets": self.options.input_sets, "seeds": self._seeds(),
                 **({"l2_flush": flush_label(self.options.flush)} if on_gpu else {}),
                 "l2_flush_bytes": FLUSH_BYTES if on_gpu and self.options.flush != "none" else 0,
                 **clock,
@@ -170,6 +171,9 @@ class Runner:
             crosscheck={"method": "the judge's clock per batch and the worker's per call; the larger median is ranked",
                         **clocks},
         )
+
+    def _seeds(self) -> str:
+        return "public" if self.options.seed is not None else "secret"
 
     def _cost(self, workload: Workload):
         """Bytes and FLOPs of a workload, evaluated once per run (its index structure is fixed)."""

@@ -128,20 +128,21 @@ def _sampling_verdict(definition: Definition, calls: list[CheckedCall], compute_
 
 def output_error(got: torch.Tensor, expected: torch.Tensor, tolerance, device="cpu") -> tuple[OutputError, bool]:
     """Error statistics and whether they exceed the tolerance (allclose), computed in float64 on `device`
-    chunk by chunk. Matching same-sign infinities agree (an lse of -inf for an empty request); NaN never
-    passes."""
+    chunk by chunk. Matching same-sign infinities agree (an lse of -inf for an empty request); a NaN, or an
+    infinity where the reference is finite, never passes."""
     totals = evaluators.error_totals(got, expected, lambda g, e: _chunk_errors(g, e, tolerance), device)
-    outside, nans, max_abs, max_rel = totals.tolist()
+    outside, nevers, max_abs, max_rel = totals.tolist()
     mismatch = outside / max(got.numel(), 1)
     error = OutputError(max_abs_error=max_abs, max_rel_error=max_rel, mismatch_fraction=mismatch)
-    # max_mismatch_fraction allows elements slightly outside the tolerance, never a NaN (e.g. an unwritten, poisoned element)
-    return error, mismatch > tolerance.max_mismatch_fraction or nans > 0
+    # max_mismatch_fraction allows elements slightly outside the tolerance, never a NaN (e.g. an unwritten, poisoned
+    # element) nor an infinity the reference does not have
+    return error, mismatch > tolerance.max_mismatch_fraction or nevers > 0
 
 
 def _chunk_errors(got: torch.Tensor, expected: torch.Tensor, tolerance) -> torch.Tensor:
-    """[elements outside the tolerance, NaN differences, max abs error, max rel error] of one chunk."""
+    """[elements outside the tolerance, elements no tolerance passes, max abs error, max rel error] of one chunk."""
     expected64 = expected.double()
-    difference, nan, relative = evaluators.differences(got.double(), expected64)
+    difference, never, relative = evaluators.differences(got.double(), expected64)
     magnitude = torch.where(torch.isfinite(expected64), expected64.abs(), 0.0)
     outside = ~(difference <= tolerance.atol + tolerance.rtol * magnitude)
-    return torch.stack([outside.sum().double(), nan.sum().double(), difference.max(), relative.max()])
+    return torch.stack([outside.sum().double(), never.sum().double(), difference.max(), relative.max()])

@@ -117,23 +117,25 @@ def error_totals(got: torch.Tensor, expected: torch.Tensor, chunk_errors: Callab
 
 
 def differences(got64: torch.Tensor, expected64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """|got - expected| (matching same-sign infinities agree; NaN is infinitely wrong), where a NaN
-    was, and the relative error."""
+    """|got - expected| (matching same-sign infinities agree; NaN is infinitely wrong), where no tolerance
+    may pass an element (a NaN, or an infinity where the reference is finite: an element a mismatch
+    fraction allowed to be a little off must not be a NaN or an infinity in the next layer), and the
+    relative error."""
     same_infinity = torch.isinf(got64) & torch.isinf(expected64) & (torch.sign(got64) == torch.sign(expected64))
     difference = torch.where(same_infinity, 0.0, (got64 - expected64).abs())
-    nan = torch.isnan(difference)
-    difference = torch.where(nan, float("inf"), difference)
+    never = torch.isnan(difference) | (torch.isinf(got64) & torch.isfinite(expected64))
+    difference = torch.where(torch.isnan(difference), float("inf"), difference)
     relative = torch.nan_to_num(difference / expected64.abs().clamp_min(1e-6), nan=float("inf"), posinf=float("inf"))
-    return difference, nan, torch.where(same_infinity, 0.0, relative)
+    return difference, never, torch.where(same_infinity, 0.0, relative)
 
 
 def bitwise_error(got: torch.Tensor, expected: torch.Tensor, device="cpu") -> tuple[OutputError, bool]:
     """Elements whose bits differ from the reference's converted to got's dtype; any NaN fails."""
     expected = _converted(expected, got.dtype)
     totals = error_totals(got, expected, _bitwise_chunk, device)
-    outside, nans, max_abs, max_rel = totals.tolist()
+    outside, nevers, max_abs, max_rel = totals.tolist()
     mismatch = outside / max(got.numel(), 1)
-    return OutputError(max_abs_error=max_abs, max_rel_error=max_rel, mismatch_fraction=mismatch), outside + nans > 0
+    return OutputError(max_abs_error=max_abs, max_rel_error=max_rel, mismatch_fraction=mismatch), outside + nevers > 0
 
 
 def _converted(expected: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -148,8 +150,8 @@ def _converted(expected: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _bitwise_chunk(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     differ = _bits(got) != _bits(expected)
-    difference, nan, relative = differences(_unpacked(got).double(), _unpacked(expected).double())
-    return torch.stack([differ.sum().double(), nan.sum().double(), difference.max(), relative.max()])
+    difference, never, relative = differences(_unpacked(got).double(), _unpacked(expected).double())
+    return torch.stack([differ.sum().double(), never.sum().double(), difference.max(), relative.max()])
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
@@ -165,17 +167,17 @@ def quantized_error(got: torch.Tensor, expected: torch.Tensor, spec: Quantized,
                                 "packed float4 is compared with packed float4 only")
     got, expected = _unpacked(got), _unpacked(expected)
     totals = error_totals(got, expected, lambda g, e: _quantized_chunk(g, e, spec.steps, dtype), device)
-    outside, nans, max_abs, max_rel = totals.tolist()
+    outside, nevers, max_abs, max_rel = totals.tolist()
     mismatch = outside / max(got.numel(), 1)
     error = OutputError(max_abs_error=max_abs, max_rel_error=max_rel, mismatch_fraction=mismatch)
-    return error, mismatch > spec.max_mismatch_fraction or nans > 0
+    return error, mismatch > spec.max_mismatch_fraction or nevers > 0
 
 
 def _quantized_chunk(got: torch.Tensor, expected: torch.Tensor, steps: float, dtype: torch.dtype) -> torch.Tensor:
     expected64 = expected.double()
-    difference, nan, relative = differences(got.double(), expected64)
+    difference, never, relative = differences(got.double(), expected64)
     outside = ~(difference <= steps * quantization_step(expected64, dtype))
-    return torch.stack([outside.sum().double(), nan.sum().double(), difference.max(), relative.max()])
+    return torch.stack([outside.sum().double(), never.sum().double(), difference.max(), relative.max()])
 
 
 def quantization_step(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -383,6 +383,26 @@ def test_a_reference_that_finds_the_device_full_ends_the_idle_worker_and_runs():
     assert before is not after and before.closed.is_set() and len(judge.starts) == 2
 
 
+def test_a_workload_whose_inputs_or_reference_cannot_be_made_fails_its_pairs_and_the_run_goes_on():
+    """A workload that validates but cannot be drawn (an integer range past its dtype, a page index past the
+    cache) ended the whole run with a traceback, and the pairs after it got no status."""
+    judge = FakeJudge(seconds=0)
+    jobs = fake_jobs(4, [SimpleNamespace(name="a"), SimpleNamespace(name="b")])  # workloads w0, w1, w0, w1
+    broken = judge.references_for
+    def references_for(workload, device):
+        broken(workload, device)
+        if workload.uuid == "w1":
+            raise ValueError("high is out of bounds for int32")
+    judge.references_for = references_for
+    judge.unmeasured = {"w1"}
+    judge.measure_clean_steps = lambda workload, device: references_for(workload, device)
+    with DevicePool(judge, ["cpu"]) as pool:
+        done = [(job.workload.uuid, outcome) for job, outcome, _ in pool.run(jobs)]
+    assert [(uuid, outcome.status) for uuid, outcome in done] == [("w0", "PASSED"), ("w1", "RUNTIME_ERROR"),
+                                                                  ("w0", "PASSED"), ("w1", "RUNTIME_ERROR")]
+    assert "the workload's fault" in done[1][1].message and "out of bounds for int32" in done[1][1].message
+
+
 # A trace file changed while several jobs ran: every one of them is rejected.
 
 class ForgingBackend:

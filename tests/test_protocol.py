@@ -3,6 +3,7 @@ never into arbitrary objects; a CPU arena's descriptor crosses a socket of its o
 from the judge to the worker only."""
 
 import array
+import math
 import fcntl
 import os
 import pickle
@@ -13,9 +14,11 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from flashbench.run.protocol import (ARENA_TAG, MAX_FRAME_BYTES, ArenaHandle, Batch, BatchDone, Call, CallTimes,
-                                     Channel, ChannelClosed, ChannelTimeout, Failed, Open, Opened, ProtocolError, Ready,
-                                     fd_socket_pair, frame, parse_reply, parse_request, receive_fd, send_fd)
+from flashbench.model import Workload
+from flashbench.run.protocol import (ARENA_TAG, MAX_FRAME_BYTES, ArenaHandle, ArenaLayout, Batch, BatchDone, Call,
+                                     CallTimes, Channel, ChannelClosed, ChannelTimeout, Failed, Open, Opened,
+                                     ProtocolError, Ready, fd_socket_pair, frame, parse_reply, parse_request,
+                                     receive_fd, send_fd)
 
 
 @pytest.fixture
@@ -96,6 +99,17 @@ def test_nan_times_are_refused():
         parse_reply(b'{"kind": "call_times", "event_ms": [NaN], "links": [0]}')
     with pytest.raises(ProtocolError, match="issue_ms"):
         parse_reply(b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "issue_ms": NaN}')
+
+
+def test_infinities_in_a_job_reach_the_worker_as_they_are():
+    """A workload's attn_sink of mean -inf (no sink) and a scalar of inf travelled as null: the worker refused
+    its first request and exited, and every pair of the workload CRASHED."""
+    workload = Workload(uuid="workload-inf", axes={}, inputs={"sink": {"type": "random", "mean": -math.inf},
+                                                  "scale": {"type": "scalar", "value": math.inf}})
+    layout = ArenaLayout(nbytes=0, sets=[], slots=[], scalars={"scale": math.inf, "nan": math.nan})
+    job = parse_request(frame(Open(workload=workload, arena=None, layout=layout, flush="none"))[4:])
+    assert job.workload.inputs["sink"].mean == -math.inf and job.workload.inputs["scale"].value == math.inf
+    assert job.layout.scalars["scale"] == math.inf and math.isnan(job.layout.scalars["nan"])
 
 
 def test_an_oversized_frame_is_refused_before_it_is_read(pipe_pair):

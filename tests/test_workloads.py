@@ -177,6 +177,7 @@ def test_skewed_lengths_have_a_long_tail():
     ({"distribution": "skewed", "count": 3, "median": 5}, "needs 'high'"),
     ({"distribution": "poisson", "count": 3}, "'poisson'"),
     ({"distribution": "fixed", "count": 3, "value": -1}, "greater than or equal to 0"),
+    ({"distribution": "list", "values": [5, -3, 4]}, "greater than or equal to 0"),  # every pair PASSED on it
 ])
 def test_lengths_validation(spec, message):
     with pytest.raises(ValidationError, match=message):
@@ -338,6 +339,8 @@ def edit_workloads(root, name, edit):
     (lambda d: d["workloads"][1].update(axes={"num_qo_heads": 16}), "axes.num_qo_heads: not a var axis"),
     (lambda d: d["workloads"][1]["inputs"].update(scale={"type": "scalar", "value": 1}), "inputs.scale: not an input"),
     (lambda d: d["workloads"][1].update(uuid=d["workloads"][0]["uuid"]), "appears twice"),
+    # validate itself ended in a traceback on a negative axis
+    (lambda d: d["workloads"][1].update(axes={"batch_size": -1}), "greater than or equal to 0"),
     (lambda d: d["workloads"][1]["inputs"].update(kv_indptr={"type": "safetensors", "path": "nope.safetensors",
                                                            "tensor_key": "x"}), "inputs.kv_indptr: a generator"),
     (lambda d: d["workloads"][1].update(axes={"batch_size": 4, "num_pages": 9}, generate=[], inputs={

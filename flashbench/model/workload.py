@@ -38,7 +38,7 @@ class Lengths(Strict):
     """Per-request lengths: an explicit list, or `count` draws from a distribution (clipped to low..high)."""
 
     distribution: Literal["list", "fixed", "uniform", "normal", "skewed"]
-    values: list[int] = Field([], description="list: the lengths")
+    values: list[Annotated[int, Field(ge=0)]] = Field([], description="list: the lengths")
     count: int = Field(0, ge=0, description="number of requests to draw")
     value: int = Field(0, ge=0, description="fixed: every length")
     low: int = Field(0, ge=0)
@@ -184,7 +184,8 @@ class Workload(Strict):
     uuid: str = Field(min_length=8)
     name: str = Field("", pattern=FOLDER_NAME_OR_NONE, description="a short human label, e.g. b64_l4096")
     tags: list[str] = Field([], description="'smoke' marks tiny workloads for CPU runs")
-    axes: dict[str, int] = Field({}, description="var-axis values; others are bound from generated inputs")
+    axes: dict[str, Annotated[int, Field(ge=0)]] = Field({}, description="var-axis values; others are bound from "
+                                                                       "generated inputs")
     inputs: dict[str, InputDescriptor] = Field({}, description="inputs not listed are random normal")
     generate: list[GeneratorSpec] = []
 

@@ -71,7 +71,7 @@ class Lane:
         failure = self.judge.known_failure(job.candidate)
         if failure is None and self.judge.lacks_clean_steps(job, self.device):
             self.close()  # no solution's work may share the device while the judge times its steps alone
-            self.judge.measure_clean_steps(job.workload, self.device)
+            failure = self._prepare(lambda: self.judge.measure_clean_steps(job.workload, self.device))
         if failure is None and self.worker is not None and self.judge.device_held_by_others(self.device):
             # What its earlier jobs left in the idle worker (a solution's caches holding their arenas)
             # is not the next job's to start with. The judge measures it before the job: no outcome
@@ -84,7 +84,9 @@ class Lane:
         if failure is not None:
             return failure
         self.judge.on_phase(job, "reference")
-        self.settle_references(job.workload)
+        failure = self._prepare(lambda: self.settle_references(job.workload))
+        if failure is not None:
+            return failure
         if self.worker is None:  # ended to free the device for the references
             self.worker = self._start(job.candidate)
             if self.worker is None:  # its build failed this time
@@ -93,6 +95,21 @@ class Lane:
         if not outcome.worker_usable or not self.worker.alive():
             self.close()
         return outcome
+
+    def _prepare(self, step) -> JobOutcome | None:
+        """The judge's own work on a job's workload (its inputs drawn, its reference run); the pair's outcome
+        if that failed. A workload can validate and still not be drawable (an integer range past its dtype,
+        a page index past the cache): that once ended the whole run with a traceback."""
+        try:
+            step()
+        except DeviceOut:
+            raise
+        except Exception as exc:  # noqa: BLE001 - trusted code on a workload that cannot be made
+            self.close()
+            return JobOutcome(status="RUNTIME_ERROR", worker_usable=False, message=(
+                "the workload's inputs or reference outputs could not be made (the workload's fault, not the "
+                f"solution's): {type(exc).__name__}: {exc}")[:500])
+        return None
 
     def settle_references(self, workload) -> None:
         """The reference outputs of the workload's input sets, on this device while its worker is idle.

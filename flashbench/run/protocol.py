@@ -35,7 +35,9 @@ FailureStatus = Literal["INCORRECT_SHAPE", "INCORRECT_DTYPE", "RUNTIME_ERROR", "
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Infinities and NaN (a workload's attn_sink of mean -inf: no sink) travel as strings: JSON has no
+    # number for them, and as null the worker refused its first request and exited.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="strings")
 
 
 # Judge -> worker.

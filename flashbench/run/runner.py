@@ -179,6 +179,10 @@ class Runner:
         """Bytes and FLOPs of a workload, evaluated once per run (its index structure is fixed)."""
         if workload.uuid not in self._costs:
             base_dir = self.repo.definition_path(self.definition.name).parent
-            inputs = generate_inputs(self.definition, workload, 0, "meta", base_dir)
-            self._costs[workload.uuid] = evaluate_cost(self.definition, bind_axes(self.definition, inputs), inputs)
+            try:
+                inputs = generate_inputs(self.definition, workload, 0, "meta", base_dir)
+                cost = evaluate_cost(self.definition, bind_axes(self.definition, inputs), inputs)
+            except Exception:  # noqa: BLE001 - a cost that reads a random input's values has none to read here
+                cost = None  # the result stands; it has no floor nor rate
+            self._costs[workload.uuid] = cost
         return self._costs[workload.uuid]

@@ -109,7 +109,7 @@ class Runner:
 
     def _pending_jobs(self, chosen, workloads, result: RunResult, advance, isolation: str) -> list[Job]:
         done = self._recorded() if self.options.resume else {}
-        measured = {"seeds": self._seeds(), **({"l2_flush": flush_label(self.options.flush)} if self.options.on_gpu else {})}
+        measured = self._measured_as()
         jobs = []
         for candidate in chosen:
             for workload in workloads:
@@ -163,8 +163,7 @@ class Runner:
             flops=cost[1] if cost else None,
             timing={
                 "method": method, "warmup": self.options.warmup, "iters": self.options.iters,
-                "input_sets": self.options.input_sets, "seeds": self._seeds(),
-                **({"l2_flush": flush_label(self.options.flush)} if on_gpu else {}),
+                "input_sets": self.options.input_sets, **self._measured_as(),
                 "l2_flush_bytes": FLUSH_BYTES if on_gpu and self.options.flush != "none" else 0,
                 **clock,
             },
@@ -172,8 +171,11 @@ class Runner:
                         **clocks},
         )
 
-    def _seeds(self) -> str:
-        return "public" if self.options.seed is not None else "secret"
+    def _measured_as(self) -> dict:
+        """What a timed result records of how this run measured it, and `--resume` asks of a record it keeps:
+        whether the seeds were public, and on a GPU the L2 flush."""
+        return {"seeds": "public" if self.options.seed is not None else "secret",
+                **({"l2_flush": flush_label(self.options.flush)} if self.options.on_gpu else {})}
 
     def _cost(self, workload: Workload):
         """Bytes and FLOPs of a workload, evaluated once per run (its index structure is fixed)."""

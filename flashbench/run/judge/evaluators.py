@@ -123,8 +123,9 @@ def differences(got64: torch.Tensor, expected64: torch.Tensor) -> tuple[torch.Te
     relative error."""
     same_infinity = torch.isinf(got64) & torch.isinf(expected64) & (torch.sign(got64) == torch.sign(expected64))
     difference = torch.where(same_infinity, 0.0, (got64 - expected64).abs())
-    never = torch.isnan(difference) | (torch.isinf(got64) & torch.isfinite(expected64))
-    difference = torch.where(torch.isnan(difference), float("inf"), difference)
+    nan = torch.isnan(difference)
+    never = nan | (torch.isinf(got64) & torch.isfinite(expected64))
+    difference = torch.where(nan, float("inf"), difference)
     relative = torch.nan_to_num(difference / expected64.abs().clamp_min(1e-6), nan=float("inf"), posinf=float("inf"))
     return difference, never, torch.where(same_infinity, 0.0, relative)
 

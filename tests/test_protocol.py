@@ -33,8 +33,9 @@ def pipe_pair():
 
 def test_a_reply_round_trips(pipe_pair):
     judge, worker = pipe_pair
-    worker.send(CallTimes(event_ms=[0.5, 0.25], links=[0, -(1 << 63)]))
-    assert parse_reply(judge.receive_json(timeout=5)) == CallTimes(event_ms=[0.5, 0.25], links=[0, -(1 << 63)])
+    worker.send(CallTimes(event_ms=[0.5, 0.25], links=[0, -(1 << 63)], flushed=[7, 8]))
+    assert parse_reply(judge.receive_json(timeout=5)) == CallTimes(event_ms=[0.5, 0.25], links=[0, -(1 << 63)],
+                                                                   flushed=[7, 8])
     worker.send(BatchDone())
     assert parse_reply(judge.receive_json(timeout=5)) == BatchDone()
 
@@ -79,13 +80,15 @@ def test_a_pickle_is_not_a_reply(pipe_pair):
     (b'{"kind": "verdict", "status": "PASSED"}', "kind"),
     (b'{"kind": "call_times", "event_ms": [-1.0], "links": [0]}', "event_ms"),
     (b'{"kind": "call_times", "event_ms": [1e308, 1e308], "links": [0, 0]}', "event_ms"),  # finite; their sum is not
-    (b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "passed": true}', "passed"),
-    (b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "issue_ms": -1.0}', "issue_ms"),
-    (b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "issue_ms": 1e300}', "issue_ms"),
+    (b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "flushed": [0], "passed": true}', "passed"),
+    (b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "flushed": [0], "issue_ms": -1.0}', "issue_ms"),
+    (b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "flushed": [0], "issue_ms": 1e300}', "issue_ms"),
     (b'{"kind": "call_times", "event_ms": [1.0]}', "links"),
     (b'{"kind": "call_times", "event_ms": [1.0], "links": [9223372036854775808]}', "links"),  # past int64
     (b'{"kind": "call_times", "event_ms": [1.0], "links": [1.5]}', "links"),
     (b'{"kind": "call_times", "event_ms": [1.0], "links": ["7"]}', "links"),
+    (b'{"kind": "call_times", "event_ms": [1.0], "links": [0]}', "flushed"),  # what each flush returned: required
+    (b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "flushed": [1.5]}', "flushed"),
     (b'{"kind": "batch_done", "event_ms": [1.0]}', "event_ms"),  # times come only when asked, off the clock
     (b'{"kind": "ready"', "message"),
 ])
@@ -98,7 +101,7 @@ def test_nan_times_are_refused():
     with pytest.raises(ProtocolError):
         parse_reply(b'{"kind": "call_times", "event_ms": [NaN], "links": [0]}')
     with pytest.raises(ProtocolError, match="issue_ms"):
-        parse_reply(b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "issue_ms": NaN}')
+        parse_reply(b'{"kind": "call_times", "event_ms": [1.0], "links": [0], "flushed": [0], "issue_ms": NaN}')
 
 
 def test_infinities_in_a_job_reach_the_worker_as_they_are():
@@ -107,7 +110,7 @@ def test_infinities_in_a_job_reach_the_worker_as_they_are():
     workload = Workload(uuid="workload-inf", axes={}, inputs={"sink": {"type": "random", "mean": -math.inf},
                                                   "scale": {"type": "scalar", "value": math.inf}})
     layout = ArenaLayout(nbytes=0, sets=[], slots=[], scalars={"scale": math.inf, "nan": math.nan})
-    job = parse_request(frame(Open(workload=workload, arena=None, layout=layout, flush="none"))[4:])
+    job = parse_request(frame(Open(workload=workload, arena=None, layout=layout, flush="none", flush_bytes=1 << 20))[4:])
     assert job.workload.inputs["sink"].mean == -math.inf and job.workload.inputs["scale"].value == math.inf
     assert job.layout.scalars["scale"] == math.inf and math.isnan(job.layout.scalars["nan"])
 

@@ -27,7 +27,7 @@ def test_an_unknown_flush_is_refused():
 
 class RecordingInputs:
     def __init__(self):
-        self.drawn, self.redrawn = [], []
+        self.drawn, self.redrawn, self.flipped = [], [], []
 
     def draw(self, seed, calls):
         self.drawn.append((seed, len(calls)))
@@ -37,23 +37,37 @@ class RecordingInputs:
         if self.calls[k].seed is not None:
             self.redrawn.append((self.calls[k].set, self.calls[k].seed, k, None if link is None else int(link)))
 
+    def keys(self, k):
+        return torch.tensor([k, 1, 2, 3])
+
+    def flip(self, k, flushed):
+        self.flipped.append((k, flushed))
+
 
 def no_outputs(call):
     return [torch.zeros(1)]
 
 
-def test_a_batch_draws_once_then_redraws_flushes_and_times_each_call():
+def test_a_batch_draws_once_then_redraws_flushes_flips_and_times_each_call():
     steps, inputs = [], RecordingInputs()
     calls = [Call(set=0, slot=0, seed=11), Call(set=1, slot=1), Call(set=0, slot=2, seed=12)]
     clock = CallClock("cpu", len(calls))
     slots = [torch.full((2,), float(k + 1)) for k in range(3)]
-    links = run_batch(Batch(calls=calls, fresh_seed=5), inputs, lambda: steps.append("flush"),
-                      lambda call: steps.append(f"call {call.slot}"), lambda call: steps.append(f"store {call.slot}"),
-                      clock, lambda call: [slots[call.slot]])
+
+    def flush(link, keys):
+        steps.append("flush")
+        return (0 if link is None else int(link)) * 10 + int(keys[0])
+
+    links, flushed = run_batch(Batch(calls=calls, fresh_seed=5), inputs, flush,
+                               lambda call: steps.append(f"call {call.slot}"),
+                               lambda call: steps.append(f"store {call.slot}"), clock, lambda call: [slots[call.slot]])
     assert inputs.drawn == [(5, 3)]
     # The first call and a call without a seed are linked to nothing; the third to the second's outputs.
-    assert inputs.redrawn == [(0, 11, 0, None), (0, 12, 2, output_link([slots[1]]).item())]
-    assert link_values(links) == [0, 0, output_link([slots[1]]).item()]
+    link = output_link([slots[1]]).item()
+    assert inputs.redrawn == [(0, 11, 0, None), (0, 12, 2, link)]
+    assert link_values(links) == [0, 0, link]
+    # Each flush is given the call's link and keys; its result sets the call's signs.
+    assert flushed == [0, 1, link * 10 + 2] and inputs.flipped == list(enumerate(flushed))
     assert steps == ["flush", "call 0", "store 0", "flush", "call 1", "store 1", "flush", "call 2", "store 2"]
     assert len(clock.times_ms()) == 3 and all(t >= 0 for t in clock.times_ms())
 
@@ -91,7 +105,7 @@ def test_a_linked_redraw_rotates_its_windows_alike_on_both_sides(decode_inputs):
 def test_a_batch_records_how_long_the_host_took_to_issue_it():
     clock = CallClock("cpu", 2)
     start = time.perf_counter()
-    run_batch(Batch(calls=[Call(set=0, slot=0), Call(set=0, slot=1)]), RecordingInputs(), lambda: None,
+    run_batch(Batch(calls=[Call(set=0, slot=0), Call(set=0, slot=1)]), RecordingInputs(), lambda link, keys: link,
               lambda call: time.sleep(0.01), lambda call: None, clock, no_outputs)
     took_ms = (time.perf_counter() - start) * 1e3
     assert 20.0 <= clock.issue_ms <= took_ms  # both calls' host time, and nothing after the batch
@@ -100,7 +114,7 @@ def test_a_batch_records_how_long_the_host_took_to_issue_it():
 def test_a_clock_made_once_reports_only_the_last_batch_and_grows_when_it_must():
     clock = CallClock("cpu", 4)
     for calls in (3, 1, 6):  # made for 4 calls: a batch of 6 grows it
-        run_batch(Batch(calls=[Call(set=0, slot=k) for k in range(calls)]), RecordingInputs(), lambda: None,
+        run_batch(Batch(calls=[Call(set=0, slot=k) for k in range(calls)]), RecordingInputs(), lambda link, keys: link,
                   lambda call: None, lambda call: None, clock, no_outputs)
         assert len(clock.times_ms()) == calls
 
@@ -177,7 +191,7 @@ def test_inputs_with_a_row_per_output_row_are_drawn_whole_the_rest_by_a_window(d
     assert not torch.equal(sides[1].sets[0]["q_nope"], worker["q_nope"])  # another call, other queries
 
 
-def test_a_query_drawn_whole_has_its_columns_signed_by_the_link(decode_inputs, monkeypatch):
+def test_a_query_drawn_whole_has_its_columns_signed_by_what_the_flush_returned(decode_inputs, monkeypatch):
     """Drawn from the call's seed alone, a query larger than a window was known when the batch arrived: a
     worker could start each request's pages outside the windows before the previous call ended. The
     signs of its columns (all but its first axis) now come from the mix of the link: another link, the
@@ -191,7 +205,8 @@ def test_a_query_drawn_whole_has_its_columns_signed_by_the_link(decode_inputs, m
     for link in (99, torch.tensor(99), 100):
         sets = InputSets(definition, workload, [{k: v.clone() for k, v in made.items()}], names)
         sets.draw(seed=123, calls=calls)
-        sets.redraw(1, link)
+        sets.redraw(1, 5)
+        sets.flip(1, link)  # the signs come from what the flush returned
         queries.append(sets.sets[0]["q_nope"])
     first, same, other = queries
     assert torch.equal(first, same) and not torch.equal(first, other)
@@ -235,7 +250,7 @@ def test_every_call_of_a_batch_sees_fresh_generated_data_on_both_sides():
         assert sets.random_names == [] and sets.redrawn_names == ["kv_cache"]
         calls = [Call(set=0, slot=k, seed=100 + k) for k in range(4)]
         inputs = []
-        run_batch(Batch(calls=calls, fresh_seed=5), sets, lambda: None,
+        run_batch(Batch(calls=calls, fresh_seed=5), sets, lambda link, keys: link,
                   lambda call: inputs.append(sets.sets[0]["kv_cache"].clone()), lambda call: None, CallClock("cpu", 4),
                   lambda call: [sets.sets[0]["kv_cache"]])  # outputs that depend on the inputs, as a call's do
         seen[side] = inputs
@@ -268,18 +283,64 @@ def test_cached_device_memory_goes_back_before_a_worker_needs_it(monkeypatch, de
     assert calls == (["empty_cache"] if released else [])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_gpu_flush_replays_the_same_launches_from_a_graph():
-    flush = L2Flush("write+read", "cuda", nbytes=1 << 20)
-    flush._read.fill_(1.0)
-    for _ in range(3):  # the first issues and captures, the others replay
-        flush._written.fill_(7)
-        flush._sink.zero_()
-        flush()
-        torch.cuda.synchronize()
-        assert int(flush._written.max()) == 0 and float(flush._sink) == flush._read.numel()
-    assert flush._graph is not None
+def test_a_keyed_flush_returns_the_same_number_on_both_sides_and_another_for_any_other_link_key_or_byte():
+    """The worker's flush and the judge's are made apart and agree (the buffer comes from a fixed seed),
+    for the worker's tensor link and the judge's integer; another link or other keys give another
+    number, and so does one changed byte of the buffer: its result needs every byte read."""
+    worker, judge = (L2Flush("read", "cpu", nbytes=1 << 20) for _ in range(2))
+    keys = link_keys([3, 4], "cpu")
+    given = worker(torch.tensor(-12345), keys[0])
+    assert given.dtype == torch.int64 and given.dim() == 0 and 0 <= int(given) < LINK_PRIME
+    assert int(given) == int(judge(-12345, keys[0])) == int(worker(-12345, keys[0]))
+    assert int(worker(None, keys[0])) == int(judge(0, keys[0]))  # the first call of a batch: no link
+    others = {int(judge(-12344, keys[0])), int(judge(-12345, keys[1])), int(judge(-12345 + LINK_PRIME, keys[0]))}
+    assert int(given) not in others
+    judge._read[4321 % judge._read.shape[0], 4321] += 1
+    assert int(judge(-12345, keys[0])) != int(given)
 
+
+def test_a_keyed_pass_is_no_sum_of_the_buffers_columns():
+    """A product's plain sum is the buffer's column sums times the key, known without reading the buffer:
+    two buffers with the same column sums give other digests."""
+    from flashbench.run.recipe import KEYED_WIDTH, keyed_pass
+    first = torch.randint(-60, 60, (20, KEYED_WIDTH), dtype=torch.int8, generator=torch.Generator().manual_seed(1))
+    second = first.flip(0)  # the same rows in another order: the same column sums
+    keys, link = link_keys([9], "cpu")[0], torch.tensor(77)
+    assert torch.equal(first.long().sum(0), second.long().sum(0))
+    assert int(keyed_pass(first, link, keys, 0)) == int(keyed_pass(first.clone(), link, keys, 0))
+    swapped = first.clone()
+    swapped[0, :2] = first[0, :2].flip(0)  # two bytes of one row exchanged
+    assert int(keyed_pass(swapped, link, keys, 0)) != int(keyed_pass(first, link, keys, 0))
+    bumped = first.clone()
+    bumped[0, 0] += 1
+    bumped[1, 0] -= 1  # the same column sums again
+    assert int(keyed_pass(bumped, link, keys, 0)) != int(keyed_pass(first, link, keys, 0))
+
+
+@pytest.mark.parametrize("method", ["none", "write"])
+def test_a_flush_that_reads_nothing_returns_the_link_as_given(method):
+    flush = L2Flush(method, "cpu", nbytes=4096)
+    assert flush(None, link_keys([1], "cpu")[0]) is None
+    link = torch.tensor(5)
+    assert flush(link, link_keys([1], "cpu")[0]) is link
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_gpu_flush_replays_its_graph_and_its_products_are_exact():
+    """The first flush issues its launches and captures them, the others replay the graph, each with its
+    own link and keys; every result is the one the same passes give on the CPU over a copy of the GPU's
+    buffer (an int8 product is exact, in any order of summation), and the write pass zeroes its buffer."""
+    flush = L2Flush("write+read", "cuda", nbytes=16 << 20)
+    on_cpu = L2Flush("read", "cpu", nbytes=16 << 20)
+    on_cpu._read.copy_(flush._read.cpu())
+    keys = link_keys([11, 12, 13, 14], "cuda")
+    for k, link in enumerate([0, 99, -(1 << 63), (1 << 63) - 1]):
+        flush._written.fill_(7)
+        given = flush(torch.tensor(link, device="cuda") if k % 2 else link, keys[k])
+        torch.cuda.synchronize()
+        assert int(flush._written.max()) == 0
+        assert int(given) == int(on_cpu(link, keys[k].cpu()))
+    assert flush._graph is not None
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

@@ -522,3 +522,49 @@ def test_past_the_budget_the_least_recently_used_outputs_go_but_the_newest_stays
     nothing.kept(("x",), lambda: reference_inputs(1.0))
     nothing.kept(("y",), lambda: reference_inputs(1.0))
     assert list(nothing._kept) == [("y",)]  # over any budget, the outputs just computed are kept
+
+
+# A worker that leaves the L2 flush out, or reports another result for it. The flush's keyed reads set the
+# signs of each call's queries (run/recipe.py L2Flush): the judge recomputes what the flush before each
+# checked call returns.
+SKIPS_FLUSH = f'''
+import sys
+sys.path.insert(0, {str(FIXTURES.parent / "_shared" / "decode_support")!r})
+from decode_math import decode_into
+from flashbench.run import recipe
+
+recipe.L2Flush.__call__ = {{replacement}}
+
+
+def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, output, lse):
+    decode_into(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, output, lse)
+'''
+FLUSH_SKIPPERS = {
+    "returns_the_link": "lambda self, link=None, keys=None: link",  # as a flush that reads nothing would
+    "returns_a_number": "lambda self, link=None, keys=None: __import__('torch').tensor(12345)",
+}
+
+
+@pytest.mark.parametrize("name", FLUSH_SKIPPERS)
+def test_a_worker_that_skips_the_keyed_flush_is_rejected(repo_copy, shared_cache, tmp_path, monkeypatch, name):
+    from flashbench.run.jobs import JobJudge
+    from flashbench.run.recipe import L2Flush
+    flush = L2Flush("read", "cpu", nbytes=1 << 20)  # a CPU run flushes nothing unless made to, as here
+    monkeypatch.setattr(JobJudge, "flush", lambda self, device: flush)
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "kernel.py").write_text(SKIPS_FLUSH.replace("{replacement}", FLUSH_SKIPPERS[name]))
+    (folder / "solution.yaml").write_text(textwrap.dedent(f"""\
+        name: {name}
+        definition: {DEFINITION}
+        author: tests
+        language: python
+        entry_point: kernel.py::run
+        destination_passing_style: true
+        dependencies: [torch]
+    """))
+    result, _ = run(repo_copy, shared_cache, tmp_path / "traces", [FIXTURES / "correct_dps", folder])
+    statuses = {t.solution: (t.status, t.message) for t in result.traces}
+    assert statuses["correct_dps"][0] == "PASSED", statuses
+    status, message = statuses[name]
+    assert status == "REJECTED" and "L2 flush" in message and "keyed reads" in message, statuses

@@ -154,7 +154,7 @@ def test_a_worker_maps_only_a_sealed_arena_sent_with_its_job(start, repo_copy, d
     [workload] = select_workloads(Repo(repo_copy), DEFINITION, ["smoke_mixed"], "cpu")
     inputs = JobInputs(definition, workload, [1], "cpu", repo_copy)
     layout = plan_layout(inputs.tensors, inputs.scalars, inputs.outputs, sets=1, slots=2)
-    job = Open(workload=workload, arena={"kind": "memfd"}, layout=layout, flush="none")
+    job = Open(workload=workload, arena={"kind": "memfd"}, layout=layout, flush="none", flush_bytes=1 << 20)
 
     unsealed = os.memfd_create("flashbench-arena", os.MFD_CLOEXEC)
     os.ftruncate(unsealed, layout.nbytes)

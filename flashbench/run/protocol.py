@@ -98,7 +98,8 @@ class Open(Message):
     workload: Workload
     arena: ArenaHandle | None
     layout: ArenaLayout
-    flush: str  # an L2 flush method (run/flush.py)
+    flush: str  # an L2 flush method (run/recipe.py), the judge's own
+    flush_bytes: int = Field(ge=1, le=1 << 34)  # the size of the judge's flush buffers, which the worker's match
 
     @field_validator("arena")
     @classmethod
@@ -186,6 +187,9 @@ class CallTimes(Message):
     # The link each call's redraw was rotated by (run/recipe.py output_link; 0 where none): the judge
     # replays the redraws with them and checks those of the calls it reads against their outputs.
     links: list[Annotated[int, Field(strict=True, ge=-(1 << 63), lt=1 << 63)]]
+    # What the L2 flush before each call returned, the link its query signs were set from (recipe.L2Flush):
+    # the judge replays the signs with them and recomputes those of the calls it reads.
+    flushed: list[Annotated[int, Field(strict=True, ge=-(1 << 63), lt=1 << 63)]]
 
     @field_validator("event_ms")
     @classmethod

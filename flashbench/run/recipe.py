@@ -48,13 +48,14 @@ FLUSH_BYTES = 256 << 20  # over 4x the H200's 60 MB L2
 READ_PASSES = 3
 # Changing what a flush does changes every timing: the version is recorded with each trace.
 FLUSH_METHODS = {
-    "write+read": "writes one 256 MiB buffer, then reads another (3 passes): no input resident, no dirty line left",
+    "read": "reads one 256 MiB buffer of random bytes 3 times, each pass keyed by the previous call's outputs and "
+            "the pass before: no input resident but the queries, no dirty line left but theirs",
+    "write+read": "writes one 256 MiB buffer, then the keyed reads of `read` (the write is keyed by nothing)",
     "write": "writes one 256 MiB buffer (leaves dirty lines whose write-back the next call pays)",
-    "read": "reads one 256 MiB buffer (3 passes)",
     "none": "no flush: a warm L2",
 }
-FLUSH_VERSION = 3
-DEFAULT_FLUSH = "write+read"
+FLUSH_VERSION = 4
+DEFAULT_FLUSH = "read"
 
 
 def flush_label(method: str) -> str:
@@ -72,38 +73,92 @@ def captured(launch: Callable[[], object], device: torch.device) -> tuple[torch.
     return graph, outputs
 
 
+# A keyed read pass is a product of the flush buffer, as rows of KEYED_WIDTH random bytes, with a key
+# matrix of KEY_COLUMNS columns of bytes (an int8 matrix product: exact, in any order of summation), its
+# result reduced to one number through a step no sum commutes with. The buffer is the same on both sides
+# (FLUSH_SEED); the key is made from the previous call's link and the pass before, so no part of a pass
+# can run before the previous call's outputs are final, and its result is known only once every byte of
+# the buffer was read.
+KEYED_WIDTH = 16384  # products stay under 2^28: exact in the int32 the product accumulates in
+KEY_COLUMNS = 8  # the fewest an int8 matrix product takes
+FLUSH_SEED = 0x5EED_F1A5
+FLUSH_SALT = 0xC2B2AE3D
+
+
 class L2Flush:
-    """Puts the L2 cache in one defined state before every call (runs use "none" on a CPU). On a GPU
-    the flush's launches are captured once in a CUDA graph and replayed: the same kernels on the
-    device, one launch for the host to issue (see READ_PASSES)."""
+    """Puts the L2 cache in one defined state before every call (runs use "none" on a CPU), and ties the
+    next call to having done so: called with the previous call's link and the call's keys (link_keys), it
+    returns the number the call's query signs are set from (InputSets.flip). With `read` passes that
+    number is the link carried through each pass's product with the buffer (keyed_pass), so a worker that
+    skips, shortens or moves a pass gets the next call's inputs wrong, and the judge recomputes it for the
+    calls it checks; the other methods return the link as it is. On a GPU the flush's launches are
+    captured once in a CUDA graph and replayed: the same kernels on the device, one launch for the host to
+    issue (see READ_PASSES)."""
 
     def __init__(self, method: str, device: str, nbytes: int = FLUSH_BYTES):
         if method not in FLUSH_METHODS:
             raise ValueError(f"no L2 flush method {method!r}; known: {', '.join(FLUSH_METHODS)}")
-        self.method = method
-        self._written = self._read = self._sink = self._graph = None
+        self.method, self.nbytes = method, nbytes
+        self._written = self._read = self._graph = self._flushed = None
         self._device = torch.device(device)
         self._on_gpu = self._device.type == "cuda" and method != "none"
         if "write" in method:
             self._written = torch.empty(nbytes, dtype=torch.uint8, device=device)
         if "read" in method:
-            self._read = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
-            self._sink = torch.empty((), dtype=torch.float32, device=device)
+            rows = max(nbytes // KEYED_WIDTH, 17)  # an int8 product takes more than 16 rows
+            generator = torch.Generator(device=self._device).manual_seed(FLUSH_SEED)
+            self._read = torch.randint(-128, 128, (rows, KEYED_WIDTH), dtype=torch.int8, device=device,
+                                       generator=generator)
+            # The graph reads its link and keys from these, and writes its result to the same tensor, every replay.
+            self._link = torch.zeros((), dtype=torch.int64, device=device)
+            self._keys = torch.zeros(4, dtype=torch.int64, device=device)
 
-    def __call__(self) -> None:
+    @property
+    def keyed(self) -> bool:
+        return self._read is not None
+
+    def __call__(self, link: torch.Tensor | int | None = None, keys: torch.Tensor | None = None):
+        """Flush; the number the call's query signs come from: a fresh 0-d int64 tensor for a keyed flush
+        (`link` None counts as 0), else `link` as given."""
+        if self.keyed:
+            if isinstance(link, torch.Tensor):
+                self._link.copy_(link)
+            else:
+                self._link.fill_(link or 0)
+            if keys is None:
+                self._keys.zero_()
+            else:
+                self._keys.copy_(keys)
         if self._graph is not None:
             self._graph.replay()
-            return
-        self._launch()
-        if self._on_gpu:  # after one flush issued as it is, the same launches captured
-            self._graph, _ = captured(self._launch, self._device)
+        else:
+            self._flushed = self._launch()
+            if self._on_gpu:  # after one flush issued as it is, the same launches captured
+                self._graph, self._flushed = captured(self._launch, self._device)
+        return self._flushed.clone() if self.keyed else link
 
-    def _launch(self) -> None:
+    def _launch(self) -> torch.Tensor | None:
         if self._written is not None:
             self._written.zero_()
-        if self._read is not None:
-            for _ in range(READ_PASSES):
-                torch.sum(self._read, dim=0, out=self._sink)
+        if not self.keyed:
+            return None
+        mixed = self._link
+        for index in range(READ_PASSES):
+            mixed = keyed_pass(self._read, mixed, self._keys, index)
+        return mixed
+
+
+def keyed_pass(buffer: torch.Tensor, link: torch.Tensor, keys: torch.Tensor, index: int) -> torch.Tensor:
+    """One read pass over `buffer` (rows of KEYED_WIDTH int8) keyed by `link` (0-d int64): the link mixed
+    with the product's digest, in [0, LINK_PRIME). A sum of the product would be a fixed combination of
+    the buffer's column sums, known without reading it; the exclusive or with a shift of each element
+    makes every element count on its own."""
+    mixed = _mix(link + index, keys.unbind())
+    key = (_multipliers(KEYED_WIDTH * KEY_COLUMNS, buffer.device, FLUSH_SALT) * mixed).remainder_(LINK_PRIME)
+    key = key.bitwise_and_(0xFF).to(torch.uint8).view(torch.int8).view(KEY_COLUMNS, KEYED_WIDTH).t()
+    product = torch._int_mm(buffer, key)
+    digest = product.bitwise_xor(product >> 13).sum(dtype=torch.int64)
+    return _mix(digest + mixed, keys.unbind())
 
 
 # What a call without a query scales rather than rotates (InputSets): multiplied element by element.
@@ -362,9 +417,9 @@ class InputSets:
         """Call `k` of the batch drawn last, on its set (nothing without a seed): the inputs with a row per
         output row (the queries) drawn afresh whole, or where there are none every redrawn input set to its
         values before the first call times a factor (floating point) or its rows rotated (other types); its
-        windows written, each rotated; then the queries' columns' signs flipped. Rotations, factor and signs
-        come from the mix of `link` (output_link of the call before, the judge passing the integer; none for
-        the batch's first call) and the call's seed."""
+        windows written, each rotated. Rotations and factor come from the mix of `link` (output_link of the
+        call before, the judge passing the integer; none for the batch's first call) and the call's seed.
+        The queries' signs are set after the L2 flush (flip)."""
         call = self._calls[k]
         if call.seed is None:
             return
@@ -381,11 +436,9 @@ class InputSets:
                 # table of outputs for each (a red team's finding from CUDA's type rules).
                 self._first[call.set, name] = inputs[name].to(torch.promote_types(inputs[name].dtype, torch.float32))
         refill_whole(self.workload, inputs, self._whole, call.seed, self._generators)
-        columns = self._column_tables([inputs[name] for name in self._signed])
         lengths = ([table.shape[0] if rows is None else rows.shape[0] for table, rows in moved]
                    + [source.shape[0] for _, source in copies] + [window.shape[0] for _, _, window in indexed])
-        rotations, masks, factor = self._linked_redraw(tuple(lengths), columns)(0 if link is None else link,
-                                                                               self._keys[k])
+        rotations, _, factor = self._linked_redraw(tuple(lengths), [])(0 if link is None else link, self._keys[k])
         for name in self._scaled:
             torch.mul(self._first[call.set, name], factor, out=inputs[name])
         rotations = iter(rotations)
@@ -397,7 +450,20 @@ class InputSets:
             torch._foreach_copy_([target for target, _ in copies], [source for _, source in copies])
         for table, rows, window in indexed:
             table.index_copy_(0, rows, window)
+
+    def flip(self, k: int, flushed: torch.Tensor | int | None) -> None:
+        """Call `k`'s queries' columns' signs set from `flushed` (what the L2 flush before the call returned:
+        L2Flush), after the flush: the call cannot start before the flush's keyed reads are done."""
+        call = self._calls[k]
+        columns = self._column_tables([self.sets[call.set][name] for name in self._signed])
+        if call.seed is None or not columns:
+            return
+        _, masks, _ = self._linked_redraw((), columns)(0 if flushed is None else flushed, self._keys[k])
         self._flip_columns(columns, masks)
+
+    def keys(self, k: int) -> torch.Tensor:
+        """Call `k`'s keys (link_keys) of the batch drawn last."""
+        return self._keys[k]
 
     def _linked_redraw(self, lengths: tuple[int, ...], columns: list[torch.Tensor]) -> LinkedRedraw:
         width = max((table.shape[1] for table in columns), default=0)
@@ -445,17 +511,20 @@ class InputSets:
 
 def run_batch(batch: Batch, inputs: InputSets, flush: L2Flush, invoke: Callable[[Call], None],
               after: Callable[[Call], None], clock: CallClock,
-              outputs: Callable[[Call], list[torch.Tensor]]) -> list[torch.Tensor | None]:
+              outputs: Callable[[Call], list[torch.Tensor]]) -> tuple[list, list]:
     """`invoke` is timed by `clock`; `after` (moving returned outputs into their slot) is not; `outputs`
-    gives the slot a call's outputs are then in. Returns the link each call's redraw used (None: none)."""
+    gives the slot a call's outputs are then in. Returns the link each call's redraw used (None: none)
+    and what the flush before each call returned (the signs' link, L2Flush)."""
     start = time.perf_counter()
     clock.begin(len(batch.calls))
     inputs.draw(batch.fresh_seed, batch.calls)
     links: list[torch.Tensor | None] = [None] * len(batch.calls)
+    flushed: list[torch.Tensor | None] = [None] * len(batch.calls)
     linked = set(linked_calls(batch.calls))
     for k, call in enumerate(batch.calls):
         inputs.redraw(k, links[k])
-        flush()
+        flushed[k] = flush(links[k], inputs.keys(k))
+        inputs.flip(k, flushed[k])
         clock.start(k)
         invoke(call)
         clock.stop(k)
@@ -464,7 +533,7 @@ def run_batch(batch: Batch, inputs: InputSets, flush: L2Flush, invoke: Callable[
             links[k + 1] = output_link(outputs(call))
     clock.issue_ms = (time.perf_counter() - start) * 1e3
     synchronize(clock.device)
-    return links
+    return links, flushed
 
 
 # On a CPU the harness's steps are timed with one intra-op thread, in the worker and in the judge's

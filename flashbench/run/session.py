@@ -28,7 +28,7 @@ from .judge.clock import (Baseline, CleanSteps, disagreement, harness_per_call_m
 from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
 from .protocol import Batch, BatchDone, Call, CallTimes, Close, Failed, Open, Opened, ReadTimes
-from .recipe import L2Flush, linked_calls, output_link
+from .recipe import L2Flush, link_keys, linked_calls, output_link
 from .supervisor import WorkerGone, WorkerProcess
 
 _secret = random.SystemRandom()
@@ -147,7 +147,8 @@ class Session:
         """A CPU job's arena is a sealed memfd the judge makes and sends; a GPU job's, memory the worker exports."""
         on_gpu = torch.device(self.device).type == "cuda"
         arena = None if on_gpu else Arena.create_memfd(layout.nbytes)
-        open_job = Open(workload=workload, arena=arena and arena.handle, layout=layout, flush=self.flush.method)
+        open_job = Open(workload=workload, arena=arena and arena.handle, layout=layout, flush=self.flush.method,
+                        flush_bytes=self.flush.nbytes)
         try:
             reply = deadline.ask(worker, open_job, fd=arena and arena.fd)
         except WorkerGone:
@@ -224,8 +225,9 @@ class _Job:
         self.inputs = inputs
         self.arena_sets = arena_sets
         self.arena_slots = arena_slots
-        # every batch sent, in order, with the links its calls' redraws used: replayed for the references
-        self.history: list[tuple[Batch, list[int | None]]] = []
+        # every batch sent, in order, with the links its calls' redraws used and what their flushes returned:
+        # replayed for the references
+        self.history: list[tuple[Batch, list[int | None], list[int]]] = []
         self.reads: list[_Read] = []
         self.times = _Times()
 
@@ -325,8 +327,9 @@ class _Job:
     def batch(self, calls: list[Call], timed: bool, graph: bool, picked: dict[int, str]) -> tuple[float, Batch]:
         """Run one batch; the judge's time for it (ms). The outputs are poisoned; after the batch the picked
         calls' outputs are read, leftovers looked for, the batch's redraws replayed on the judge's copies
-        (with the links the worker reports), and changes to the inputs and unfinished outputs looked for
-        (reject_changed_inputs, reject_unfinished_outputs). Nothing the judge does between batches depends
+        (with the links and flush results the worker reports), and changes to the inputs, unfinished outputs
+        and flushes not done as given looked for (reject_changed_inputs, reject_unfinished_outputs,
+        reject_unflushed). Nothing the judge does between batches depends
         on which calls are picked: the references wait for the end of the job (`check_outputs`), so
         the worker cannot tell from the judge's pauses which batches are checked."""
         batch = Batch(calls=calls, graph=graph, fresh_seed=fresh_seed())
@@ -344,13 +347,14 @@ class _Job:
         read = {k: {name: tensor.clone() for name, tensor in self.arena_slots[calls[k].slot].items()} for k in wanted}
         self.reject_leftovers()
         times = self.unless_failed(self.deadline.ask(self.worker, ReadTimes()))
-        if not isinstance(times, CallTimes) or len(times.event_ms) != len(calls) or len(times.links) != len(calls):
+        if not isinstance(times, CallTimes) or {len(times.event_ms), len(times.links), len(times.flushed)} != {len(calls)}:
             raise _Stop(self.rejected("the worker's times do not match the batch it was sent"))
         links = [times.links[k] if k in linked else None for k in range(len(calls))]
-        self.replay(batch, links)
-        self.history.append((batch, links))
+        self.replay(batch, links, times.flushed)
+        self.history.append((batch, links, times.flushed))
         self.reject_changed_inputs()
         self.reject_unfinished_outputs(picked, read, links)
+        self.reject_unflushed(batch, picked, links, times.flushed)
         self.reads += [_Read(label, len(self.history) - 1, k, read[k]) for k, label in picked.items()]
         if timed:
             self.times.worker_ms += times.event_ms
@@ -363,13 +367,14 @@ class _Job:
             raise reported_failure(reply, self.worker.log_tail(), worker_usable=self.session.device == "cpu")
         return reply
 
-    def replay(self, batch: Batch, links: list[int | None],
+    def replay(self, batch: Batch, links: list[int | None], flushed: list[int],
                each_call: Callable[[int, Call], None] = lambda k, call: None) -> None:
-        """The batch's redraws on the judge's copies of the sets, with the links the worker says they used
-        (a wrong one leaves its sets unlike the judge's), `each_call` seeing each call's inputs."""
+        """The batch's redraws on the judge's copies of the sets, with the links and flush results the worker
+        says they used (a wrong one leaves its sets unlike the judge's), `each_call` seeing each call's inputs."""
         self.inputs.replay.draw(batch.fresh_seed, batch.calls)
         for k, call in enumerate(batch.calls):
             self.inputs.replay.redraw(k, links[k])
+            self.inputs.replay.flip(k, flushed[k])
             each_call(k, call)
 
     def expected_outputs(self) -> list[CheckedCall]:
@@ -388,8 +393,8 @@ class _Job:
             if read is not None:
                 checked[b, k] = CheckedCall(read.label, read.outputs, self.reference(call))
 
-        for b, (batch, links) in enumerate(self.history):
-            self.replay(batch, links, lambda k, call: check(b, k, call))
+        for b, (batch, links, flushed) in enumerate(self.history):
+            self.replay(batch, links, flushed, lambda k, call: check(b, k, call))
         return [checked[read.batch, read.call] for read in self.reads]
 
     def reference(self, call: Call) -> dict:
@@ -423,6 +428,23 @@ class _Job:
                     f"the outputs of the call before {label} were still being written after that call returned: "
                     "the next call's inputs were drawn from unfinished outputs (work left running on another "
                     "stream or thread)"))
+
+    def reject_unflushed(self, batch: Batch, picked: dict[int, str], links: list[int | None],
+                         flushed: list[int]) -> None:
+        """The L2 flush before each picked call must have returned what the judge's own flush returns for the
+        same link and keys: with keyed read passes (recipe.L2Flush) another number means the passes were
+        skipped, shortened or run on other data, and the call's queries were not the judge's."""
+        flush = self.session.flush
+        for k, label in picked.items():
+            seed = batch.calls[k].seed
+            if seed is None:
+                continue
+            expected = flush(links[k], link_keys([seed], self.session.device)[0])
+            expected = int(expected.item()) if isinstance(expected, torch.Tensor) else (expected or 0)
+            if flushed[k] != expected:
+                raise _Stop(self.rejected(
+                    f"the L2 flush before {label} did not return what its keyed reads give: the flush was "
+                    "skipped, shortened or run on other data"))
 
     def check_outputs(self) -> Verdict:
         """The first checked call that fails, or a pass whose errors are the worst seen per output; the

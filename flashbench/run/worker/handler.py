@@ -49,7 +49,7 @@ class Worker:
                 return self.job.batch(request)
             if isinstance(request, ReadTimes):
                 return CallTimes(event_ms=self.job.clock.times_ms(), issue_ms=self.job.clock.issue_ms,
-                                 links=link_values(self.job.links))
+                                 links=link_values(self.job.links), flushed=link_values(self.job.flushed))
             if isinstance(request, Close):
                 self.job = None
                 release_cached_memory(self.device)  # the arena: the judge counts what an idle worker holds
@@ -101,15 +101,16 @@ class Job:
         sets = [views(memory, slots) for slots in request.layout.sets]
         self.slots = [views(memory, slots) for slots in request.layout.slots]
         self.inputs = InputSets(self.definition, request.workload, sets, random_inputs(self.definition, request.workload))
-        self.flush = L2Flush(request.flush, self.device)
+        self.flush = L2Flush(request.flush, self.device, request.flush_bytes)
         self.clock = CallClock(self.device, len(self.slots))  # a batch has at most one call per slot
         self.returned: dict | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.links: list = []  # the last batch's, one per call (run_batch)
+        self.flushed: list = []
 
     def batch(self, request: Batch):
         invoke, after = (self.replay, self.copy_replayed) if request.graph else (self.call, self.store)
-        self.links = run_batch(request, self.inputs, self.flush, invoke, after, self.clock,
+        self.links, self.flushed = run_batch(request, self.inputs, self.flush, invoke, after, self.clock,
                                lambda call: list(self.slots[call.slot].values()))
         return BatchDone()
 

@@ -197,7 +197,7 @@ def job(graph=False, checked_calls=None, slots=8, device="cpu", definition=None)
     stand_in.worker = SimpleNamespace(log_tail=lambda: "the worker's log")
     stand_in.arena_sets = [{} for _ in range(3)]
     stand_in.arena_slots = [{} for _ in range(slots)]
-    stand_in.history, stand_in.reads = [], []
+    stand_in.history, stand_in.reads, stand_in.flushes = [], [], []
     stand_in.times = _Times()
     return stand_in
 

@@ -75,6 +75,16 @@ class _Read:
 
 
 @dataclass
+class _Flush:
+    """What a picked call's worker says the L2 flush before it returned; the judge's own comes later."""
+
+    label: str
+    link: int | None  # the link the flush was keyed by (None: the batch's first call, keyed by 0)
+    seed: int
+    reported: int
+
+
+@dataclass
 class _Times:
     batch_ms: list[float] = field(default_factory=list)  # the judge's clock, per timed batch
     baseline_ms: list[float] = field(default_factory=list)  # the same batch's harness steps, run by the judge
@@ -229,6 +239,7 @@ class _Job:
         # replayed for the references
         self.history: list[tuple[Batch, list[int | None], list[int]]] = []
         self.reads: list[_Read] = []
+        self.flushes: list[_Flush] = []  # the picked calls' flushes, checked at the end of the job
         self.times = _Times()
 
     def judge(self, baseline: Baseline) -> JobOutcome:
@@ -244,6 +255,7 @@ class _Job:
         self.timed_batches(baseline, self.warm_up())
         if clean is not None and self.session.trusted:
             clean.measure(baseline, self.inputs.workload.uuid, self.session.device)
+        self.reject_unflushed()
         verdict = self.check_outputs()
         if not verdict.passed:
             return self.outcome(verdict)
@@ -328,10 +340,11 @@ class _Job:
         """Run one batch; the judge's time for it (ms). The outputs are poisoned; after the batch the picked
         calls' outputs are read, leftovers looked for, the batch's redraws replayed on the judge's copies
         (with the links and flush results the worker reports), and changes to the inputs, unfinished outputs
-        and flushes not done as given looked for (reject_changed_inputs, reject_unfinished_outputs,
-        reject_unflushed). Nothing the judge does between batches depends
-        on which calls are picked: the references wait for the end of the job (`check_outputs`), so
-        the worker cannot tell from the judge's pauses which batches are checked."""
+        and flushes not done as given looked for (reject_changed_inputs, reject_unfinished_outputs;
+        reject_unflushed, at the end of the job). Nothing the judge does between batches depends
+        on which calls are picked: the references and flushes wait for the end of the job
+        (`check_outputs`, `reject_unflushed`), so the worker cannot tell from the judge's pauses which
+        batches are checked."""
         batch = Batch(calls=calls, graph=graph, fresh_seed=fresh_seed())
         for slot in self.arena_slots[:max(c.slot for c in calls) + 1]:
             for tensor in slot.values():
@@ -354,7 +367,8 @@ class _Job:
         self.history.append((batch, links, times.flushed))
         self.reject_changed_inputs()
         self.reject_unfinished_outputs(picked, read, links)
-        self.reject_unflushed(batch, picked, links, times.flushed)
+        self.flushes += [_Flush(label, links[k], batch.calls[k].seed, times.flushed[k])
+                         for k, label in picked.items() if batch.calls[k].seed is not None]
         self.reads += [_Read(label, len(self.history) - 1, k, read[k]) for k, label in picked.items()]
         if timed:
             self.times.worker_ms += times.event_ms
@@ -429,21 +443,17 @@ class _Job:
                     "the next call's inputs were drawn from unfinished outputs (work left running on another "
                     "stream or thread)"))
 
-    def reject_unflushed(self, batch: Batch, picked: dict[int, str], links: list[int | None],
-                         flushed: list[int]) -> None:
+    def reject_unflushed(self) -> None:
         """The L2 flush before each picked call must have returned what the judge's own flush returns for the
         same link and keys: with keyed read passes (recipe.L2Flush) another number means the passes were
         skipped, shortened or run on other data, and the call's queries were not the judge's."""
         flush = self.session.flush
-        for k, label in picked.items():
-            seed = batch.calls[k].seed
-            if seed is None:
-                continue
-            expected = flush(links[k], link_keys([seed], self.session.device)[0])
+        for check in self.flushes:
+            expected = flush(check.link, link_keys([check.seed], self.session.device)[0])
             expected = int(expected.item()) if isinstance(expected, torch.Tensor) else (expected or 0)
-            if flushed[k] != expected:
+            if check.reported != expected:
                 raise _Stop(self.rejected(
-                    f"the L2 flush before {label} did not return what its keyed reads give: the flush was "
+                    f"the L2 flush before {check.label} did not return what its keyed reads give: the flush was "
                     "skipped, shortened or run on other data"))
 
     def check_outputs(self) -> Verdict:

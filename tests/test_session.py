@@ -67,10 +67,15 @@ SOLUTIONS = {
 
 
 def write_fingerprints(folder: Path) -> Path:
+    return write_solution(folder, "fingerprints", FINGERPRINTS)
+
+
+def write_solution(folder: Path, name: str, kernel: str) -> Path:
+    """A destination-passing Python solution folder of the decode definition."""
     folder.mkdir(parents=True)
-    (folder / "kernel.py").write_text(FINGERPRINTS)
+    (folder / "kernel.py").write_text(kernel)
     (folder / "solution.yaml").write_text(textwrap.dedent(f"""\
-        name: fingerprints
+        name: {name}
         definition: {DEFINITION}
         author: tests
         language: python
@@ -551,18 +556,7 @@ def test_a_worker_that_skips_the_keyed_flush_is_rejected(repo_copy, shared_cache
     from flashbench.run.recipe import L2Flush
     flush = L2Flush("read", "cpu", nbytes=1 << 20)  # a CPU run flushes nothing unless made to, as here
     monkeypatch.setattr(JobJudge, "flush", lambda self, device: flush)
-    folder = tmp_path / name
-    folder.mkdir()
-    (folder / "kernel.py").write_text(SKIPS_FLUSH.replace("{replacement}", FLUSH_SKIPPERS[name]))
-    (folder / "solution.yaml").write_text(textwrap.dedent(f"""\
-        name: {name}
-        definition: {DEFINITION}
-        author: tests
-        language: python
-        entry_point: kernel.py::run
-        destination_passing_style: true
-        dependencies: [torch]
-    """))
+    folder = write_solution(tmp_path / name, name, SKIPS_FLUSH.replace("{replacement}", FLUSH_SKIPPERS[name]))
     result, _ = run(repo_copy, shared_cache, tmp_path / "traces", [FIXTURES / "correct_dps", folder])
     statuses = {t.solution: (t.status, t.message) for t in result.traces}
     assert statuses["correct_dps"][0] == "PASSED", statuses

@@ -447,9 +447,8 @@ class _Job:
         """The L2 flush before each picked call must have returned what the judge's own flush returns for the
         same link and keys: with keyed read passes (recipe.L2Flush) another number means the passes were
         skipped, shortened or run on other data, and the call's queries were not the judge's."""
-        flush = self.session.flush
         for check in self.flushes:
-            expected = flush(check.link, link_keys([check.seed], self.session.device)[0])
+            expected = self.session.flush(check.link, link_keys([check.seed], self.session.device)[0])
             expected = int(expected.item()) if isinstance(expected, torch.Tensor) else (expected or 0)
             if check.reported != expected:
                 raise _Stop(self.rejected(

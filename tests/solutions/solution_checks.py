@@ -124,16 +124,20 @@ def kernel_of(folder) -> tuple[str, str, str]:
     return folder.solution.language, folder.solution.entry_function, digest.hexdigest()
 
 
-def cut_down(workload: Workload, **fields) -> Workload:
-    """`workload` with its generator's `fields` replaced (a list of ints is a list of lengths), under
-    a uuid and name of its own; with no fields, `workload` itself."""
-    if not fields:
+def cut_down(workload: Workload, axes: dict | None = None, name: str = "cut_down", **fields) -> Workload:
+    """`workload` with its generator's `fields` replaced (a list of ints is a list of lengths) and the
+    var `axes` it gives set, under a uuid of its own and the name `<workload's name>_<name>`; with
+    no fields or axes, `workload` itself."""
+    if not fields and not axes:
         return workload
     data = workload.model_dump()
     for key, value in fields.items():
         data["generate"][0][key] = {"distribution": "list", "values": value} if isinstance(value, list) else value
-    data["uuid"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{workload.uuid}/cut_down/{sorted(fields.items())}"))
-    data["name"] = f"{workload.name}_cut_down"
+    if axes:
+        data["axes"] = {**(data.get("axes") or {}), **axes}
+    changes = sorted(fields.items()) + sorted((axes or {}).items())
+    data["uuid"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{workload.uuid}/{name}/{changes}"))
+    data["name"] = f"{workload.name}_{name}"
     return Workload.model_validate(data)
 
 
@@ -224,9 +228,11 @@ def load_as_worker(folder, stage_dir: Path):
 
 
 def check_directly(pairs: list[tuple[str, str]], stage_dir: Path, skip: set[tuple[str, str, str]] = frozenset(),
-                   narrow: dict | None = None, seed: int = 1) -> dict[str, dict]:
+                   narrow: dict | None = None, seed: int = 1,
+                   workloads: dict[str, list[Workload]] | None = None) -> dict[str, dict]:
     """In the child process: every (definition, solution) of `pairs` called once on each smoke workload of
-    its definition (but those in `skip`, as (definition, solution, workload uuid): the runner runs them),
+    its definition, or on those `workloads` gives for it where it gives any (but those in `skip`, as
+    (definition, solution, workload uuid): the runner runs them),
     loaded as the worker loads it (staged under `stage_dir`), with inputs generated as the runner
     generates them and outputs judged by the definition's evaluator against its reference; a definition
     named in `narrow` gets the const axis values it gives there (`narrowed`).
@@ -241,7 +247,8 @@ def check_directly(pairs: list[tuple[str, str]], stage_dir: Path, skip: set[tupl
         if definition_name not in references:
             references[definition_name] = ReferenceStore(definition, load_reference(definition, ROOT, definition_file),
                                                          1 << 30)
-        for workload in select_workloads(repo, definition_name, [], "cpu"):
+        chosen = (workloads or {}).get(definition_name) or select_workloads(repo, definition_name, [], "cpu")
+        for workload in chosen:
             if (definition_name, solution_name, workload.uuid) in skip:
                 continue
             key = f"{definition_name}/{solution_name}/{workload.name}"

@@ -13,7 +13,9 @@ dimensions 128 and 192): the runner runs each kernel for one of them. The smoke 
 split and unsplit decode, one and two draft tokens, table slots of -1, and prefill tiles after a
 prefix, on the diagonal, and a sequence without queries. Generated caches hold finite values
 everywhere, so the same child process also runs the Triton decode kernels on a cache whose slots
-past each request's length are NaN (the definition says they may hold anything).
+past each request's length are NaN (the definition says they may hold anything), and every
+solution on workloads without queries (EMPTY_CUTS), which the schema allows and the references answer
+with empty outputs.
 """
 
 import json
@@ -58,9 +60,25 @@ NARROW = {definition: {"num_heads": 8, "num_heads_kv": 8}
           for definition in DEFINITIONS if definition.startswith("mha_")}
 
 
+# Workloads without queries, per generator: the first smoke workload with these fields. Decode:
+# seq_len_q 0, one request without keys; prefill: every sequence without queries or keys, and an
+# empty sequence after one with queries.
+EMPTY_CUTS = {
+    "block_table": {"no_queries": dict(axes={"seq_len_q": 0}, seqlens=[0, 5])},
+    "varlen": {"all_empty": dict(q_lens=[0, 0], prefix_lens=[0, 0]),
+               "empty_last": dict(q_lens=[2, 0], prefix_lens=[1, 0])},
+}
+EMPTY = "workloads without queries"  # their key among the child's results
+
+
 def runner_workload(repo: Repo, definition: str):
     first = select_workloads(repo, definition, [], "cpu")[0]
     return cut_down(first, **RUNNER_CUTS[first.generate[0].generator])
+
+
+def empty_workloads(repo: Repo, definition: str) -> list:
+    first = select_workloads(repo, definition, [], "cpu")[0]
+    return [cut_down(first, name=name, **fields) for name, fields in EMPTY_CUTS[first.generate[0].generator].items()]
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +124,16 @@ def test_solutions_pass_the_smoke_workloads(definition, direct_results):
     # The reference itself is checked against float64 in tests/test_flashmla_references.py.
     expected = {f"{definition}/{solution}/{w.name}" for solution in DEFINITIONS[definition] for w in workloads}
     results = {key: value for key, value in direct_results.items() if key.startswith(f"{definition}/")}
+    assert set(results) == expected
+    failed = {key: value["problems"] for key, value in results.items() if value["problems"]}
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("definition", list(DEFINITIONS))
+def test_solutions_pass_workloads_without_queries(definition, direct_results):
+    names = [w.name for w in empty_workloads(Repo(ROOT), definition)]
+    expected = {f"{definition}/{solution}/{name}" for solution in DEFINITIONS[definition] for name in names}
+    results = {key: value for key, value in direct_results[EMPTY].items() if key.startswith(f"{definition}/")}
     assert set(results) == expected
     failed = {key: value["problems"] for key, value in results.items() if value["problems"]}
     assert not failed, failed
@@ -174,4 +202,6 @@ if __name__ == "__main__" and "--direct" in sys.argv:
     results = Path(sys.argv[-1])
     checked = check_directly(pairs, results.parent / "staged", narrow=NARROW)
     checked[NAN_TAILS] = check_decode_on_nan_tails()
+    checked[EMPTY] = check_directly(pairs, results.parent / "staged", narrow=NARROW,
+                                    workloads={d: empty_workloads(Repo(ROOT), d) for d in DEFINITIONS})
     results.write_text(json.dumps(checked))

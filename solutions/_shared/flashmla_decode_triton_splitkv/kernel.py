@@ -166,7 +166,7 @@ def launch(q, k_cache, block_table, cache_seqlens, softmax_scale, out, lse, num_
     batch, s_q, heads, head_dim = q.shape
     assert head_dim == HEAD_DIM and k_cache.shape[1] == BLOCK_SIZE and k_cache.shape[2] == 1
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and out.stride(-1) == 1
-    if batch == 0:
+    if batch == 0 or s_q == 0:  # no query rows: nothing to write, and no row tiles to size the grid by
         return
     rows = s_q * heads
     block_m = min(64, max(16, triton.next_power_of_2(rows)))

@@ -13,6 +13,9 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale):
     head_dim_v = v.shape[-1]
     device = q.device
     batch = cu_seqlens_q.shape[0] - 1
+    if total_q == 0:  # no queries, maybe no keys either: nothing to pad to or to chunk by
+        return (torch.empty(0, heads, head_dim_v, dtype=torch.bfloat16, device=device),
+                torch.empty(0, heads, dtype=torch.float32, device=device))
 
     q_starts, k_starts = cu_seqlens_q[:-1].long(), cu_seqlens_k[:-1].long()
     q_lens = cu_seqlens_q[1:].long() - q_starts

@@ -3,8 +3,8 @@
 The worker runs them with the solution's call; the judge runs them without it (`invoke` does
 nothing) to learn what the harness's own steps cost, and subtracts that from the time it measured
 around the worker's batch. A batch draws its fresh data first; then each call: a window of its
-set's random inputs redrawn (when the call has a seed), the L2 flushed, then the call between two
-clock readings. A call's own host work is a few launches, so on a GPU a batch is bound by the
+set's random inputs redrawn (when the call has a seed), the L2 flushed, its queries' column signs
+set from what the flush returned, then the call between two clock readings. A call's own host work is a few launches, so on a GPU a batch is bound by the
 device's time, which is what the judge's clock has to see.
 
 What a call redraws: every random input with a row per output row whole (workloads.whole_redrawn:
@@ -14,9 +14,10 @@ that carry data); index structure never changes. The worker does it in its arena
 on its own copies: InputSets is the one code path of both.
 
 Each call's redraw also depends on the outputs of the call before it (output_link): its windows are
-rotated, the signs of its queries' columns set, and (without a query) its cache scaled, by amounts
-derived from a number reduced from those outputs, mixed with the call's seed (mixed_link,
-window_shifts, negated_columns; LinkedRedraw). A call's outputs
+rotated and (without a query) its cache scaled by amounts derived from a number reduced from those
+outputs, mixed with the call's seed (mixed_link, window_shifts; LinkedRedraw); the flush's read passes
+are keyed by the same number, and the signs of the queries' columns (negated_columns) come from what
+they return (L2Flush), so the flush runs between the two calls and nowhere else. A call's outputs
 must therefore be final when the next call's steps begin. Work a call leaves running after it returns
 (on another stream, in a thread) would have the next inputs drawn from unfinished outputs, which the
 judge sees when it checks the links of the calls it reads (docs/threat_model.md, class 5b, says what a

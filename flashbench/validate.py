@@ -4,23 +4,28 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from .binding import BindingError
 from .build import FolderError, read_file
 from .errors import FlashbenchError
-from .model import Solution, WorkloadSet, load_model
+from .model import Solution, Workload, WorkloadSet, read_document
+from .model.loading import parse_records
 from .registry import WORKLOADS_SUFFIX, Repo, is_definition_file, load_definition_file, load_solution_folder
-from .workloads import generate_inputs, unredrawn_data_inputs
+from .workloads import check_workload, unredrawn_data_inputs
 
 
 @dataclass(frozen=True)
 class Checked:
     path: Path
     kind: str  # definition | workloads | solution
-    error: str | None = None
+    errors: tuple[str, ...] = ()  # a line each: a workload set has one per invalid workload
 
     @property
     def ok(self) -> bool:
-        return self.error is None
+        return not self.errors
+
+    @property
+    def error(self) -> str | None:
+        """Every problem, a line each; None when valid."""
+        return "\n".join(self.errors) or None
 
 
 def validate(repo: Repo, paths: list[Path] | None = None) -> list[Checked]:
@@ -54,9 +59,11 @@ def _discover(target: Path):
 
 def _check(repo: Repo, path: Path, kind: str) -> Checked:
     try:
-        {"definition": _check_definition, "workloads": _check_workloads, "solution": _check_solution}[kind](repo, path)
+        if kind == "workloads":
+            return Checked(path, kind, tuple(map(str, _check_workloads(repo, path))))
+        {"definition": _check_definition, "solution": _check_solution}[kind](repo, path)
     except FlashbenchError as exc:
-        return Checked(path, kind, str(exc))
+        return Checked(path, kind, (str(exc),))
     return Checked(path, kind)
 
 
@@ -64,28 +71,34 @@ def _check_definition(repo: Repo, path: Path) -> None:
     load_definition_file(path, repo.root)
 
 
-def _check_workloads(repo: Repo, path: Path) -> None:
-    """Every workload's inputs are generated (shapes only, indices for real) and bound to the definition."""
-    workload_set = load_model(WorkloadSet, path)
+def _check_workloads(repo: Repo, path: Path) -> list[FlashbenchError]:
+    """Every invalid workload of the file, each named (one fixing the file sees them all at once); a problem
+    of the file itself raises. Every valid workload's inputs are generated (shapes only, indices for real)
+    and bound to the definition."""
+    data = read_document(path)
+    workload_set, invalid = parse_records(WorkloadSet, data, path, "workloads")
     expected = path.name.removesuffix(WORKLOADS_SUFFIX)
-    if workload_set.definition != expected:
-        raise FlashbenchError(f"names {workload_set.definition!r} but sits next to {expected!r}", path, "definition")
+    named = data["definition"]  # valid: only records can be invalid here
+    if named != expected:
+        raise FlashbenchError(f"names {named!r} but sits next to {expected!r}", path, "definition")
     definition = repo.definition(expected)
-    for i, workload in enumerate(workload_set.workloads):
+    problems = []
+    for i, record in enumerate(data["workloads"]):
+        if i in invalid:
+            problems.append(FlashbenchError(invalid[i].message, path, ": ".join(
+                part for part in (f"workloads[{i}]", invalid[i].field) if part)))
+            continue
+        workload = workload_set.workloads[i] if workload_set else Workload.model_validate(record)
         where = f"workloads[{i}] ({workload.label})"
-        for axis in workload.axes:
-            if axis not in definition.var_axes:
-                raise FlashbenchError(f"axes.{axis}: not a var axis of {definition.name}", path, where)
-        for name in workload.inputs:
-            if name not in definition.inputs:
-                raise FlashbenchError(f"inputs.{name}: not an input of {definition.name}", path, where)
         try:
-            generate_inputs(definition, workload, seed=0, device="meta", base_dir=path.parent)
-        except (BindingError, ValueError) as exc:
-            raise FlashbenchError(str(exc), path, where) from None
+            check_workload(definition, workload, path.parent)
+        except ValueError as exc:  # BindingError, and what making an input raises
+            problems.append(FlashbenchError(str(exc), path, where))
+            continue
         fixed = unredrawn_data_inputs(definition, workload)
         if fixed:  # the same data on every call: a solution could memoize its outputs
-            raise FlashbenchError(f"inputs {', '.join(fixed)} carry data that no call redraws", path, where)
+            problems.append(FlashbenchError(f"inputs {', '.join(fixed)} carry data that no call redraws", path, where))
+    return problems
 
 
 def _check_solution(repo: Repo, path: Path) -> None:

@@ -101,7 +101,7 @@ def test_validate_one_file():
 
 @pytest.mark.parametrize("edit, field", [
     (lambda d: d["inputs"]["q_pe"].update(dtype="float33"), "inputs.q_pe.dtype"),
-    (lambda d: d["constraints"].append("__import__('os').system('x')"), "constraints[4]"),
+    (lambda d: d["constraints"].append("__import__('os').system('x')"), "constraints[5]"),
     (lambda d: d["axes"]["page_size"].pop("value"), "axes.page_size"),
     (lambda d: d.update(reference="references/mla_paged/missing.py"), "reference"),
 ])
@@ -114,6 +114,21 @@ def test_validate_a_broken_definition(root, edit, field):
     assert len(errors) == 1
     assert f"{path}: {field}: " in errors[0]
     assert "valid, " in result.output and " invalid" in result.output
+
+
+def test_validate_prints_every_invalid_workload_of_a_file(root):
+    path = root / "definitions" / "mla_paged" / f"{DECODE}.workloads.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["workloads"][0]["inputs"]["scale"] = {"type": "scalar", "value": 1}
+    data["workloads"][2]["generate"][0]["page_pool"] = 3
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = invoke(root, "validate", str(path))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    errors = result.stderr.splitlines()
+    assert [line.split(": ")[:2] for line in errors] == [
+        [f"invalid workloads  {path}", f"workloads[0] ({data['workloads'][0]['name']})"],
+        [f"invalid workloads  {path}", f"workloads[2] ({data['workloads'][2]['name']})"]]
+    assert "0 valid, 1 invalid" in result.output  # files, as before
 
 
 def test_validate_a_yaml_syntax_error(root):

@@ -264,7 +264,7 @@ def test_block_table_generator():
                       block_pool=40, max_blocks_per_seq=6)
     tensors, axes = GENERATORS["block_table"](spec, np.random.default_rng(0))
     table, lengths = tensors["block_table"], tensors["cache_seqlens"]
-    assert axes == {"batch_size": 4, "num_blocks": 40, "max_blocks_per_seq": 6}
+    assert axes == {"batch_size": 4, "num_blocks": 40, "max_blocks_per_seq": 6, "page_block_size": 64}
     assert table.dtype == torch.int32 and lengths.dtype == torch.int32 and lengths.tolist() == [1, 64, 65, 200]
     used = [table[b, :n].tolist() for b, n in enumerate([1, 1, 2, 4])]
     for b, n in enumerate([1, 1, 2, 4]):

@@ -85,7 +85,7 @@ def test_prefill_invalid_mix_scatter_empty_rows_and_topk_length():
 def test_decode_indices_point_into_each_requests_blocks_and_nan_tokens_are_never_valid():
     tensors, axes = decode(kv_lens=lengths(0, 1, 70, 130), seq_len_q=2, block_size=64, block_pool=8,
                            fp8_cache=KVCacheValues(zero_tokens=0.1))
-    assert axes == {"batch_size": 4, "seq_len_q": 2, "num_blocks": 8}
+    assert axes == {"batch_size": 4, "seq_len_q": 2, "num_blocks": 8, "page_block_size": 64}
     indices, cache = tensors["indices"].long(), tensors["k_cache"]
     assert indices.shape == (4, 2, 16) and cache.shape == (8, 64, 1, 656) and cache.dtype == torch.int8
     counts = (indices != -1).sum(-1)
@@ -107,7 +107,8 @@ def test_packed_fp8_cache_is_the_quantize_reference_of_the_bfloat16_one():
     module_spec = importlib.util.spec_from_file_location("quantize_reference", path)
     quantize = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(quantize)
-    assert axes == {"num_blocks": 3} and torch.equal(quantize.run(plain["kv_cache"]), packed["kv_cache_fp8"])
+    assert axes == {"num_blocks": 3, "page_block_size": 64}
+    assert torch.equal(quantize.run(plain["kv_cache"]), packed["kv_cache_fp8"])
     tiles = plain["kv_cache"][..., :512].float().reshape(-1, 4, 128).abs().amax(-1)
     assert (tiles == 0).any() and ((tiles / 448) == torch.exp2(torch.log2(tiles / 448).round())).any()  # zero and 448 * 2^k tiles
 

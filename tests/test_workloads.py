@@ -419,6 +419,83 @@ def test_validate_resolves_safetensors_next_to_the_workload_file(root):
     assert results[path].ok, results[path].error
 
 
+def test_validate_reports_every_invalid_workload_of_a_file(root):
+    """A file with several invalid workloads gave only the first: one fixing it found the next on the next run."""
+    def edit(data):
+        data["workloads"][1]["generate"][0].update(page_pool=3)
+        data["workloads"][2].update(axes={"batch_size": -1})  # the schema's: the others are checked all the same
+        data["workloads"][4]["inputs"].update(scale={"type": "scalar", "value": 1})
+    path = edit_workloads(root, DECODE, edit)
+    labels = [w["name"] for w in yaml.safe_load(path.read_text())["workloads"]]
+    (checked,) = validate(Repo(root), [path])
+    assert [e.split(": ")[:2] for e in checked.errors] == [[str(path), f"workloads[1] ({labels[1]})"],
+                                                         [str(path), "workloads[2]"],
+                                                         [str(path), f"workloads[4] ({labels[4]})"]]
+    assert "page_pool 3 is smaller" in checked.errors[0]
+    assert "axes.batch_size: Input should be greater than or equal to 0" in checked.errors[1]
+    assert "inputs.scale: not an input" in checked.errors[2]
+    assert validate(Repo(root), [path.with_name(f"{PREFILL}.workloads.yaml")])[0].errors == ()  # a valid file: as before
+
+
+def decode_with_kv_indices(indices: dict):
+    """A decode workload of three requests (7 keys) whose kv_indptr is captured and kv_indices as given."""
+    return {"uuid": "eeeeeeee-0002", "name": "odd", "axes": {"batch_size": 3, "num_pages": 16, "num_kv_indices": 7},
+            "inputs": {**SCALE, "kv_indptr": {"type": "safetensors", "path": "blob.safetensors", "tensor_key": "indptr"},
+                       "kv_indices": indices}}
+
+
+CAPTURED = {"type": "safetensors", "path": "blob.safetensors", "tensor_key": "indices"}
+
+
+@pytest.mark.parametrize("indices, message", [
+    # an integer range past its dtype, and bounds torch.randint would truncate to an empty range
+    ({"type": "random", "low": 0, "high": 2**40}, "inputs.kv_indices: high 1099511627776 is past the int32 range"),
+    ({"type": "random", "low": -2**31 - 1, "high": 4}, "inputs.kv_indices: low -2147483649 is below the least int32"),
+    ({"type": "random", "low": 0.2, "high": 0.7}, "inputs.kv_indices: a random int32 input needs whole numbers"),
+    ({"type": "random", "low": 0, "high": float("nan")}, "inputs.kv_indices: a random int32 input needs low < high"),
+    # a captured page index past the cache: the reference failed on it
+    (CAPTURED, "max(kv_indices) < num_pages)' does not hold"),
+])
+def test_validate_refuses_what_could_only_fail_at_run_time(root, indices, message):
+    folder = root / "definitions" / "mla_paged"
+    save_file({"indptr": torch.tensor([0, 2, 2, 7], dtype=torch.int32),
+               "indices": torch.tensor([9, 3, 15, 0, 4, 11, 16], dtype=torch.int32)}, str(folder / "blob.safetensors"))
+    path = edit_workloads(root, DECODE, lambda d: d["workloads"].append(decode_with_kv_indices(indices)))
+    (checked,) = validate(Repo(root), [path])
+    (error,) = checked.errors
+    assert error.startswith(f"{path}: workloads[{len(yaml.safe_load(path.read_text())['workloads']) - 1}] (odd): ")
+    assert message in error
+
+
+def test_integer_ranges_are_checked_alike_when_drawn(decode, tmp_path):
+    """The rule validate applies on "meta" is the one drawing applies: the run's inputs fail as validate does."""
+    save_file({"indptr": torch.tensor([0, 2, 2, 7], dtype=torch.int32)}, str(tmp_path / "blob.safetensors"))
+    odd = Workload.model_validate(decode_with_kv_indices({"type": "random", "low": 0, "high": 2**40}))
+    for device in ("meta", "cpu"):
+        with pytest.raises(BindingError, match="inputs.kv_indices: high 1099511627776 is past the int32 range"):
+            generate_inputs(decode, odd, seed=0, device=device, base_dir=tmp_path)
+    whole = Workload.model_validate(decode_with_kv_indices({"type": "random", "low": 0, "high": 2**31}))
+    with pytest.raises(BindingError, match="max\\(kv_indices\\) < num_pages"):  # in range of its dtype, past the cache
+        generate_inputs(decode, whole, seed=0, device="cpu", base_dir=tmp_path)
+
+
+@pytest.mark.parametrize("folder, name, generator", [
+    ("flashmla_decode", "flashmla_decode_causal_h16_ckv512_kpe64_ps64", "block_table"),
+    ("flashmla_sparse", "flashmla_sparse_decode_fp8_h64_ckv512_kpe64_ps64_topk2048", "sparse_decode_indices"),
+    ("flashmla_sparse", "flashmla_sparse_fp8_dequantize_ckv512_kpe64_ps64", "fp8_kv_cache"),
+])
+def test_validate_refuses_a_block_size_other_than_the_definitions_page_size(root, folder, name, generator):
+    """A block table of 128-token blocks bound to a definition of 64-token pages, and ran on keys it never laid out."""
+    path = root / "definitions" / folder / f"{name}.workloads.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["workloads"][0]["generate"][0]["block_size"] = 128
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    (checked,) = validate(Repo(root), [path])
+    (error,) = checked.errors
+    assert error.startswith(f"{path}: workloads[0] ({data['workloads'][0]['name']}): generate[0] ({generator}): ")
+    assert error.endswith("makes page_block_size 128, but the definition fixes it at 64")
+
+
 def test_a_calls_window_starts_follow_the_batch_and_its_own_seed():
     from flashbench.workloads import window_starts
     spans = {"ckv_cache": 10**6, "q_nope": 0}

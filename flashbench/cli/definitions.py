@@ -75,8 +75,8 @@ def validate_command(ctx, paths):
     for checked in results:
         if checked.ok:
             console.print(f"[green]ok[/]      {checked.kind:<10} {escape(str(checked.path))}", highlight=False, soft_wrap=True)
-        else:
-            errors.print(f"[red]invalid[/] {checked.kind:<10} {escape(checked.error)}", highlight=False, soft_wrap=True)
+        for error in checked.errors:  # a line each: every invalid workload of a file
+            errors.print(f"[red]invalid[/] {checked.kind:<10} {escape(error)}", highlight=False, soft_wrap=True)
     bad = sum(not c.ok for c in results)
     console.print(f"{len(results) - bad} valid, {bad} invalid")
     if bad or not results:

@@ -275,7 +275,7 @@ def submit(ctx, path, device, warmup, iters, seed, flush, checked_calls, timeout
     options = run_options(device, warmup, iters, seed, timeout, timing, False, True, trace_dir,
                           flush=flush, checked_calls=checked_calls)
     repo = repo_from(ctx)
-    problems = [c.error for c in validate(repo, [path.resolve()]) if not c.ok]
+    problems = [error for c in validate(repo, [path.resolve()]) for error in c.errors]
     if problems:
         raise FlashbenchError(problems[0])
     folder = load_solution_folder(path.resolve())

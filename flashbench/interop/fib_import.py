@@ -35,7 +35,7 @@ from ..model.solution import SHARED_FOLDER
 from ..reference import load_reference
 from ..registry import WORKLOADS_SUFFIX, Repo, case_twin, load_solution_folder
 from ..traces import hardware_slug, trace_file_name
-from ..workloads import generate_inputs
+from ..workloads import check_workload
 from . import fib_model as fib
 from .fib_solution import (FolderPlan, check_folder, holds_exactly, plan_folder, safe_name, same_files, write_files,
                            write_folder)
@@ -573,17 +573,6 @@ def workload_to_ours(record: fib.FibWorkload, dataset: Path, where: str) -> tupl
         data = {"uuid": record.uuid, "name": ext.name, "tags": ext.tags, "axes": ext.axes, "inputs": inputs,
                 "generate": [g.model_dump(exclude_defaults=True) for g in ext.generate]}
     return parse_model(Workload, data, where), sorted(set(blobs.values()))
-
-
-def check_workload(definition: Definition, workload: Workload, base_dir: Path) -> None:
-    """The checks `flashbench validate` makes, for one workload before it is written."""
-    for axis in workload.axes:
-        if axis not in definition.var_axes:
-            raise ValueError(f"axes.{axis}: not a var axis of {definition.name}")
-    for name in workload.inputs:
-        if name not in definition.inputs:
-            raise ValueError(f"inputs.{name}: not an input of {definition.name}")
-    generate_inputs(definition, workload, seed=0, device="meta", base_dir=base_dir)
 
 
 def workload_set_text(existing: str | None, workload_set: WorkloadSet, added: list[Workload]) -> str:

@@ -80,12 +80,33 @@ def _check_untrusted_yaml(text: str, path: Path) -> None:
 
 def parse_model(cls: type[M], data: object, path: Path) -> M:
     """Validate `data` as `cls`; the first error becomes a FlashbenchError naming the field."""
-    if not isinstance(data, dict):
-        raise FlashbenchError(f"expected a mapping of keys, found {type(data).__name__}", path)
+    _check_mapping(data, path)
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc, path) from None
+
+
+def parse_records(cls: type[M], data: object, path: Path, key: str) -> tuple[M | None, dict[int, FlashbenchError]]:
+    """parse_model for a file of records, the list field `key`: when only records are invalid, no model and
+    each invalid record's first error by index, its field named within the record (one fixing the file sees
+    every bad record at once). Any other problem raises as in parse_model."""
+    _check_mapping(data, path)
+    try:
+        return cls.model_validate(data), {}
+    except ValidationError as exc:
+        by_record: dict[int, list] = {}
+        for error in exc.errors():
+            loc = error["loc"]
+            if len(loc) < 2 or loc[0] != key or not isinstance(loc[1], int):
+                raise validation_error(exc, path) from None
+            by_record.setdefault(loc[1], []).append({**error, "loc": loc[2:]})
+        return None, {i: _first_error(errors, path) for i, errors in sorted(by_record.items())}
+
+
+def _check_mapping(data: object, path: Path) -> None:
+    if not isinstance(data, dict):
+        raise FlashbenchError(f"expected a mapping of keys, found {type(data).__name__}", path)
 
 
 def load_model(cls: type[M], path: Path) -> M:
@@ -93,7 +114,11 @@ def load_model(cls: type[M], path: Path) -> M:
 
 
 def validation_error(exc: ValidationError, path: Path) -> FlashbenchError:
-    error = exc.errors()[0]
+    return _first_error(exc.errors(), path)
+
+
+def _first_error(errors: list[dict], path: Path) -> FlashbenchError:
+    error = errors[0]
     field = ".".join(str(part) for part in error["loc"]) or None
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "literal_error" and "input" in error:
@@ -104,7 +129,7 @@ def validation_error(exc: ValidationError, path: Path) -> FlashbenchError:
     if lifted:  # a model-level check names its field as "field: message"
         field = ".".join(part for part in (field, lifted[1]) if part)
         message = lifted[2]
-    more = len(exc.errors()) - 1
+    more = len(errors) - 1
     if more:
         message += f" (and {more} more problem{'s' if more > 1 else ''})"
     return FlashbenchError(message, path, field)

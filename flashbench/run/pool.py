@@ -98,8 +98,9 @@ class Lane:
 
     def _prepare(self, step) -> JobOutcome | None:
         """The judge's own work on a job's workload (its inputs drawn, its reference run); the pair's outcome
-        if that failed. A workload can validate and still not be drawable (an integer range past its dtype,
-        a page index past the cache): that once ended the whole run with a traceback."""
+        if that failed. A workload can validate and still not be drawable (an index past a cache whose bound
+        its definition does not state, a reference that fails on its data): that once ended the whole run with
+        a traceback."""
         try:
             step()
         except DeviceOut:

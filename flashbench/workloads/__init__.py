@@ -29,7 +29,7 @@ from .tensors import DEFAULT_RANDOM, random_tensor, refill_random, safetensors_t
 __all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "whole_redrawn",
            "refill_whole", "draw_windows", "window_copies", "window_elements", "window_spans", "window_starts",
            "generated_data", "redrawn_data", "draw_data_windows", "data_window_copies", "data_window_spans",
-           "unredrawn_data_inputs", "sample_lengths", "structured_inputs"]
+           "unredrawn_data_inputs", "sample_lengths", "structured_inputs", "check_workload"]
 
 
 def derive_seed(*parts: object) -> int:
@@ -44,7 +44,7 @@ def generate_inputs(
     """Every input of `workload` on `device`, checked against the definition's shapes and constraints.
     Timed calls redraw parts of the random inputs and generated data in place (draw_windows,
     window_copies; draw_data_windows, data_window_copies)."""
-    inputs, axes = structured_inputs(workload, device, seed)
+    inputs, axes = structured_inputs(workload, device, seed, definition.const_axes)
     both = sorted(set(inputs) & set(workload.inputs))
     if both:
         raise BindingError(f"inputs.{both[0]}: a generator already makes this input; give it in one place only")
@@ -62,12 +62,27 @@ def generate_inputs(
             if spec.shape is None:
                 raise BindingError(f"input {name} is a scalar; give it as {{type: scalar, value: ...}}")
             shape = _concrete_shape(name, spec.shape, axes)
-            inputs[name] = random_tensor(descriptor, shape, spec.dtype, random_seed(seed, workload, name), device)
+            try:
+                inputs[name] = random_tensor(descriptor, shape, spec.dtype, random_seed(seed, workload, name), device)
+            except ValueError as exc:
+                raise BindingError(f"inputs.{name}: {exc}") from None
     bound = bind_axes(definition, inputs)
     for axis, value in workload.axes.items():
         if bound.get(axis) != value:
             raise BindingError(f"axes.{axis} is {value} in the workload but the inputs give {bound.get(axis)}")
     return inputs
+
+
+def check_workload(definition: Definition, workload: Workload, base_dir: Path) -> None:
+    """What `validate` and `import-fib` check of one workload without drawing data: its axes and inputs are
+    the definition's, and its inputs are made on "meta" (shapes only; index tensors for real) and bound."""
+    for axis in workload.axes:
+        if axis not in definition.var_axes:
+            raise BindingError(f"axes.{axis}: not a var axis of {definition.name}")
+    for name in workload.inputs:
+        if name not in definition.inputs:
+            raise BindingError(f"inputs.{name}: not an input of {definition.name}")
+    generate_inputs(definition, workload, seed=0, device="meta", base_dir=base_dir)
 
 
 def random_seed(seed: int, workload: Workload, name: str) -> int:
@@ -156,11 +171,15 @@ def window_copies(inputs: dict[str, Any], fresh: dict[str, Any], k: int,
     return copies
 
 
-def structured_inputs(workload: Workload, device: str, seed: int | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+def structured_inputs(workload: Workload, device: str, seed: int | None = None,
+                      const_axes: dict[str, int] | None = None) -> tuple[dict[str, Any], dict[str, int]]:
     """The inputs made by the workload's structured generators, and the axis values they decide.
-    Their structure is seeded by the workload alone; the data a generator makes, by `seed` too."""
+    Their structure is seeded by the workload alone; the data a generator makes, by `seed` too.
+    A generator may not decide a const axis (`const_axes`, the definition's) otherwise: a table of 32-token
+    blocks binds to a definition of 64-token pages, and every call then reads other keys than it laid out."""
     inputs: dict[str, Any] = {}
     axes: dict[str, int] = {}
+    const_axes = const_axes or {}
     for i, spec in enumerate(workload.generate):
         rng = np.random.default_rng(derive_seed(workload.uuid, "generate", i))
         make = GENERATORS[spec.generator]
@@ -172,6 +191,10 @@ def structured_inputs(workload: Workload, device: str, seed: int | None = None) 
                 tensors, generated_axes = make(spec, rng)
         except ValueError as exc:
             raise BindingError(f"generate[{i}] ({spec.generator}): {exc}") from None
+        for axis, value in generated_axes.items():
+            if const_axes.get(axis, value) != value:
+                raise BindingError(f"generate[{i}] ({spec.generator}): makes {axis} {value}, "
+                                   f"but the definition fixes it at {const_axes[axis]}")
         # On "meta" (shape-only checks) index tensors keep their data on the CPU for the constraints.
         target = "cpu" if device == "meta" else device
         inputs.update({k: v.to(target) for k, v in tensors.items()})

@@ -132,7 +132,8 @@ def block_table(spec: BlockTable, rng: np.random.Generator) -> GeneratedInputs:
         "block_table": torch.from_numpy(table),
         "cache_seqlens": torch.from_numpy(seqlens.astype(np.int32)),
     }
-    axes = {"batch_size": len(seqlens), "num_blocks": pool, "max_blocks_per_seq": width}
+    axes = {"batch_size": len(seqlens), "num_blocks": pool, "max_blocks_per_seq": width,
+            "page_block_size": spec.block_size}
     return tensors, axes
 
 
@@ -385,7 +386,8 @@ def sparse_decode_indices(spec: SparseDecodeIndices, rng: np.random.Generator,
         flat = packed.view(pool * size, -1)
         flat[torch.from_numpy(~layout["used"])] = _nan_token_bytes(flat.shape[-1])  # never reached by a valid index
         tensors["k_cache"] = packed
-    return tensors, {"batch_size": batch_size, "seq_len_q": spec.seq_len_q, "num_blocks": pool}
+    return tensors, {"batch_size": batch_size, "seq_len_q": spec.seq_len_q, "num_blocks": pool,
+                     "page_block_size": size}
 
 
 def fp8_kv_cache_data(spec: FP8KVCache, rng: np.random.Generator) -> dict[str, GeneratedData]:
@@ -398,7 +400,8 @@ def fp8_kv_cache_data(spec: FP8KVCache, rng: np.random.Generator) -> dict[str, G
 @register("fp8_kv_cache", data=fp8_kv_cache_data)
 def fp8_kv_cache(spec: FP8KVCache, rng: np.random.Generator, data_rng: np.random.Generator | None = None) -> GeneratedInputs:
     rng = rng if data_rng is None else data_rng  # no structure: all of it is data
+    axes = {"num_blocks": spec.num_blocks, "page_block_size": spec.block_size}
     if spec.packed:
-        return {"kv_cache_fp8": mla_fp8_cache(spec.values, spec.num_blocks, spec.block_size, rng)}, {"num_blocks": spec.num_blocks}
+        return {"kv_cache_fp8": mla_fp8_cache(spec.values, spec.num_blocks, spec.block_size, rng)}, axes
     tokens, slots = mla_cache_tokens(spec.values, spec.num_blocks * spec.block_size, rng)
-    return {"kv_cache": tokens[slots].reshape(spec.num_blocks, spec.block_size, 1, MLA_HEAD_DIM)}, {"num_blocks": spec.num_blocks}
+    return {"kv_cache": tokens[slots].reshape(spec.num_blocks, spec.block_size, 1, MLA_HEAD_DIM)}, axes

@@ -14,8 +14,8 @@ DEFAULT_RANDOM = RandomInput(type="random")
 def random_tensor(spec: RandomInput, shape: list[int], dtype: str, seed: int, device: str) -> torch.Tensor:
     target = torch_dtype(dtype)
     integer = not is_float(dtype) and dtype != "bool"
-    if integer and (spec.low is None or spec.high is None or spec.high <= spec.low):
-        raise ValueError(f"a random {dtype} input needs low < high (e.g. {{type: random, low: 0, high: 100}})")
+    if integer:
+        check_integer_range(spec, dtype)
     if device == "meta":  # shape-only validation: no data, no generator
         return torch.empty(shape, dtype=target, device="meta")
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -29,6 +29,22 @@ def random_tensor(spec: RandomInput, shape: list[int], dtype: str, seed: int, de
     else:
         values = torch.randn(shape, generator=generator, device=device) * spec.std + spec.mean
     return values.to(target)
+
+
+def check_integer_range(spec: RandomInput, dtype: str) -> None:
+    """A random integer input's [low, high): whole numbers within its dtype. Checked on "meta" too, so that
+    `validate` refuses what torch.randint would refuse only once the inputs are drawn."""
+    if spec.low is None or spec.high is None or not spec.low < spec.high:
+        raise ValueError(f"a random {dtype} input needs low < high (e.g. {{type: random, low: 0, high: 100}})")
+    if not (spec.low.is_integer() and spec.high.is_integer()):
+        raise ValueError(f"a random {dtype} input needs whole numbers for low and high, "
+                         f"not {spec.low:g} and {spec.high:g}")
+    info = torch.iinfo(torch_dtype(dtype))
+    top = min(info.max + 1, torch.iinfo(torch.int64).max)  # high is exclusive; torch takes it as an int64
+    if spec.low < info.min:
+        raise ValueError(f"low {int(spec.low)} is below the least {dtype}, {info.min}")
+    if spec.high > top:
+        raise ValueError(f"high {int(spec.high)} is past the {dtype} range (high is exclusive: at most {top})")
 
 
 def uniform_range(spec: RandomInput) -> tuple[float, float]:

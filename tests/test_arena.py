@@ -27,6 +27,18 @@ def test_layout_places_sets_and_slots_apart_and_aligned():
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))  # no overlap
     assert layout.scalars == {"scale": 0.5}
     assert layout.nbytes >= spans[-1][1]
+    assert layout.flush is None
+
+
+def test_layout_places_the_flush_bytes_after_the_rest_when_there_are_any():
+    """The L2 flush's keyed passes read bytes the judge drew and writes into the arena (recipe.L2Flush)."""
+    inputs = {"q": torch.zeros(3, 5, dtype=torch.bfloat16)}
+    plain = plan_layout(inputs, {}, {"out": ("float32", [3, 5])}, sets=2, slots=3)
+    buffer = torch.zeros(17, 64, dtype=torch.int8)
+    layout = plan_layout(inputs, {}, {"out": ("float32", [3, 5])}, sets=2, slots=3, flush_buffer=buffer)
+    assert (layout.sets, layout.slots) == (plain.sets, plain.slots)
+    assert (layout.flush.dtype, layout.flush.shape, layout.flush.offset) == ("int8", [17, 64], plain.nbytes)
+    assert layout.nbytes == plain.nbytes + 17 * 64 + (-17 * 64) % 256
 
 
 def arena_descriptors() -> list[str]:

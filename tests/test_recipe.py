@@ -284,11 +284,14 @@ def test_cached_device_memory_goes_back_before_a_worker_needs_it(monkeypatch, de
 
 
 def test_a_keyed_flush_returns_the_same_number_on_both_sides_and_another_for_any_other_link_key_or_byte():
-    """The worker's flush and the judge's are made apart and agree (the buffer comes from a fixed seed),
-    for the worker's tensor link and the judge's integer; another link or other keys give another
-    number, and so does one changed byte of the buffer: its result needs every byte read."""
-    worker, judge = (L2Flush("read", "cpu", nbytes=1 << 20) for _ in range(2))
+    """The worker's flush reads the bytes the judge drew (written into the arena) and agrees with the
+    judge's, for the worker's tensor link and the judge's integer; another link or other keys give another
+    number, and so does one changed byte of the buffer: its result needs every byte read. A flush made
+    apart draws other bytes, from a seed no one is told."""
+    judge = L2Flush("read", "cpu", nbytes=1 << 20)
+    worker = L2Flush("read", "cpu", nbytes=1 << 20, read_buffer=judge.read_buffer.clone())
     keys = link_keys([3, 4], "cpu")
+    assert int(L2Flush("read", "cpu", nbytes=1 << 20)(-12345, keys[0])) != int(judge(-12345, keys[0]))
     given = worker(torch.tensor(-12345), keys[0])
     assert given.dtype == torch.int64 and given.dim() == 0 and 0 <= int(given) < LINK_PRIME
     assert int(given) == int(judge(-12345, keys[0])) == int(worker(-12345, keys[0]))
@@ -331,8 +334,7 @@ def test_a_gpu_flush_replays_its_graph_and_its_products_are_exact():
     own link and keys; every result is the one the same passes give on the CPU over a copy of the GPU's
     buffer (an int8 product is exact, in any order of summation), and the write pass zeroes its buffer."""
     flush = L2Flush("write+read", "cuda", nbytes=16 << 20)
-    on_cpu = L2Flush("read", "cpu", nbytes=16 << 20)
-    on_cpu._read.copy_(flush._read.cpu())
+    on_cpu = L2Flush("read", "cpu", nbytes=16 << 20, read_buffer=flush.read_buffer.cpu())
     keys = link_keys([11, 12, 13, 14], "cuda")
     for k, link in enumerate([0, 99, -(1 << 63), (1 << 63) - 1]):
         flush._written.fill_(7)

@@ -38,8 +38,9 @@ RESIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW  # what a worker requires
 
 
 def plan_layout(inputs: dict[str, torch.Tensor], scalars: dict, outputs: dict[str, tuple[str, list[int]]],
-                sets: int, slots: int) -> ArenaLayout:
-    """Room for `sets` copies of the tensor inputs and `slots` copies of the outputs."""
+                sets: int, slots: int, flush_buffer: torch.Tensor | None = None) -> ArenaLayout:
+    """Room for `sets` copies of the tensor inputs and `slots` copies of the outputs, and for the bytes the
+    L2 flush's keyed passes read (`flush_buffer`, the judge's: recipe.L2Flush) where there are any."""
     offset = 0
 
     def place(dtype: str, shape: list[int]) -> TensorSlot:
@@ -51,7 +52,8 @@ def plan_layout(inputs: dict[str, torch.Tensor], scalars: dict, outputs: dict[st
 
     input_slots = [{name: place(dtype_name(t.dtype), list(t.shape)) for name, t in inputs.items()} for _ in range(sets)]
     output_slots = [{name: place(dtype, shape) for name, (dtype, shape) in outputs.items()} for _ in range(slots)]
-    return ArenaLayout(nbytes=offset, sets=input_slots, slots=output_slots, scalars=scalars)
+    flush = None if flush_buffer is None else place(dtype_name(flush_buffer.dtype), list(flush_buffer.shape))
+    return ArenaLayout(nbytes=offset, sets=input_slots, slots=output_slots, scalars=scalars, flush=flush)
 
 
 def views(memory: torch.Tensor, slots: dict[str, TensorSlot]) -> dict[str, torch.Tensor]:

@@ -78,6 +78,8 @@ class ArenaLayout(Message):
     sets: list[dict[str, TensorSlot]]
     slots: list[dict[str, TensorSlot]]
     scalars: dict[str, float | int | bool] = {}
+    # The bytes the L2 flush's keyed passes read, written by the judge (recipe.L2Flush); None: no keyed flush.
+    flush: TensorSlot | None = None
 
 
 class ArenaHandle(Message):

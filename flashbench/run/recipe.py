@@ -27,6 +27,7 @@ worker that rewrites these steps can still do).
 import contextlib
 import functools
 import math
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -76,16 +77,17 @@ def captured(launch: Callable[[], object], device: torch.device) -> tuple[torch.
 
 # A keyed read pass is a product of the flush buffer, as rows of KEYED_WIDTH random bytes, with a key
 # matrix of KEY_COLUMNS columns of bytes (an int8 matrix product: exact, in any order of summation), its
-# result reduced to one number through a step no sum commutes with. The buffer is the same on both sides
-# (FLUSH_SEED); the key is made from the previous call's link and the pass before, so no part of a pass
-# can run before the previous call's outputs are final, and its result is known only once every byte of
-# the buffer was read.
+# result reduced to one number through a step no sum commutes with. The judge draws the buffer from a
+# secret seed and writes it into the job's arena, so the worker's flush reads the same bytes and cannot
+# make them again (from a seed it knew, a worker could regenerate the bytes in registers, never reading
+# them); the key is made from the previous call's link and the pass before, so no part of a pass can
+# run before the previous call's outputs are final, and its result is known only once every byte of the
+# buffer was read.
 KEYED_WIDTH = 16384  # products stay under 2^28: exact in the int32 the product accumulates in
 # Columns of each pass's key matrix: an int8 product takes a multiple of 8; on an H100 one pass over
 # 256 MiB took 151 µs with 8 and 113 µs with 16, against 109 µs for a sum of the same bytes as float32
 # (`python benchmarks/keyed_flush.py`).
 KEY_COLUMNS = 16
-FLUSH_SEED = 0x5EED_F1A5
 FLUSH_SALT = 0xC2B2AE3D
 
 
@@ -99,7 +101,7 @@ class L2Flush:
     captured once in a CUDA graph and replayed: the same kernels on the device, one launch for the host to
     issue (see READ_PASSES)."""
 
-    def __init__(self, method: str, device: str, nbytes: int = FLUSH_BYTES):
+    def __init__(self, method: str, device: str, nbytes: int = FLUSH_BYTES, read_buffer: torch.Tensor | None = None):
         if method not in FLUSH_METHODS:
             raise ValueError(f"no L2 flush method {method!r}; known: {', '.join(FLUSH_METHODS)}")
         self.method, self.nbytes = method, nbytes
@@ -109,10 +111,7 @@ class L2Flush:
         if "write" in method:
             self._written = torch.empty(nbytes, dtype=torch.uint8, device=device)
         if "read" in method:
-            rows = max(nbytes // KEYED_WIDTH, 17)  # an int8 product takes more than 16 rows
-            generator = torch.Generator(device=self._device).manual_seed(FLUSH_SEED)
-            self._read = torch.randint(-128, 128, (rows, KEYED_WIDTH), dtype=torch.int8, device=device,
-                                       generator=generator)
+            self._read = read_buffer if read_buffer is not None else random_bytes(nbytes, self._device)
             # The graph reads its link and keys from these, and writes its result to the same tensor, every replay.
             self._link = torch.zeros((), dtype=torch.int64, device=device)
             self._keys = torch.zeros(4, dtype=torch.int64, device=device)
@@ -120,6 +119,11 @@ class L2Flush:
     @property
     def keyed(self) -> bool:
         return self._read is not None
+
+    @property
+    def read_buffer(self) -> torch.Tensor | None:
+        """The bytes the keyed passes read (the judge's, which it writes into each job's arena)."""
+        return self._read
 
     def __call__(self, link: torch.Tensor | int | None = None, keys: torch.Tensor | None = None):
         """Flush; the number the call's query signs come from: a fresh 0-d int64 tensor for a keyed flush
@@ -151,6 +155,13 @@ class L2Flush:
         for index in range(READ_PASSES):
             mixed = keyed_pass(self._read, mixed, self._keys, index)
         return mixed
+
+
+def random_bytes(nbytes: int, device: torch.device) -> torch.Tensor:
+    """About `nbytes` int8 values as rows of KEYED_WIDTH, from a seed no one is told."""
+    rows = max(nbytes // KEYED_WIDTH, 17)  # an int8 product takes more than 16 rows
+    generator = torch.Generator(device=device).manual_seed(secrets.randbits(63))
+    return torch.randint(-128, 128, (rows, KEYED_WIDTH), dtype=torch.int8, device=device, generator=generator)
 
 
 def keyed_pass(buffer: torch.Tensor, link: torch.Tensor, keys: torch.Tensor, index: int) -> torch.Tensor:

@@ -131,7 +131,7 @@ class Session:
         sets = len(settings.set_seeds)
         out_bytes = sum(math.prod(shape) * torch.empty((), dtype=torch_dtype(dtype)).element_size() for dtype, shape in inputs.outputs.values())
         slots = max(sets + 1, min(settings.max_batch, settings.slot_budget_bytes // max(out_bytes, 1)))
-        layout = plan_layout(inputs.tensors, inputs.scalars, inputs.outputs, sets, slots)
+        layout = plan_layout(inputs.tensors, inputs.scalars, inputs.outputs, sets, slots, self.flush.read_buffer)
         arena = self._open_arena(worker, workload, layout, deadline)
         try:
             arena_sets = [views(arena.memory, s) for s in layout.sets]
@@ -139,6 +139,8 @@ class Session:
             for arena_set, made in zip(arena_sets, inputs.sets):
                 for name, tensor in arena_set.items():
                     tensor.copy_(made[name])
+            if layout.flush is not None:  # the bytes only the judge drew: the worker cannot make them again
+                views(arena.memory, {"flush": layout.flush})["flush"].copy_(self.flush.read_buffer)
             job = _Job(self, worker, inputs, arena_sets, arena_slots, deadline)
             # The worker copies outputs into the call's slot after the call when the solution returns them,
             # and after every graph replay (from the slot the graph was captured with): so does the baseline.

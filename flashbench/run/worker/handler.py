@@ -101,7 +101,8 @@ class Job:
         sets = [views(memory, slots) for slots in request.layout.sets]
         self.slots = [views(memory, slots) for slots in request.layout.slots]
         self.inputs = InputSets(self.definition, request.workload, sets, random_inputs(self.definition, request.workload))
-        self.flush = L2Flush(request.flush, self.device, request.flush_bytes)
+        flush_buffer = None if request.layout.flush is None else views(memory, {"flush": request.layout.flush})["flush"]
+        self.flush = L2Flush(request.flush, self.device, request.flush_bytes, flush_buffer)
         self.clock = CallClock(self.device, len(self.slots))  # a batch has at most one call per slot
         self.returned: dict | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}

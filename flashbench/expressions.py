@@ -8,6 +8,7 @@ is allowed, so an expression can never import, call or reach arbitrary code.
 """
 
 import ast
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,8 @@ def _sum(value):
 def _extreme(pick):
     def apply(*values):
         if len(values) == 1 and isinstance(values[0], torch.Tensor):
+            if values[0].numel() == 0:  # the least of nothing is above everything, so `min(x) >= 0` holds of no x
+                return math.inf if pick == "min" else -math.inf
             return getattr(values[0], pick)().item()
         return {"max": max, "min": min}[pick](*values)
     return apply

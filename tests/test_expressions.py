@@ -223,3 +223,12 @@ def test_missing_value_at_evaluation_time():
     expression = parse("a + b", {"a", "b"})
     with pytest.raises(ValueError, match="no value for 'b'"):
         expression.evaluate({"a": 1})
+
+
+def test_min_and_max_of_an_empty_tensor_hold_vacuously():
+    """A batch without requests, or a request without queries: `min(x) >= 0` and `max(x) < n` hold of no x
+    (they raised, and a valid workload failed its own constraints)."""
+    empty = torch.zeros(0, dtype=torch.int32)
+    for source in ("min(x) >= -1 and max(x) < 4", "not (min(x) < 0)"):
+        assert parse(source, frozenset({"x"}), frozenset({"min", "max"})).evaluate({"x": empty}) is True
+    assert parse("min(x) >= 1", frozenset({"x"}), frozenset({"min"})).evaluate({"x": torch.tensor([0])}) is False

@@ -242,7 +242,7 @@ def test_the_baseline_is_the_least_of_its_repeats(job_inputs, monkeypatch):
     """Other load on the host only ever adds time."""
     readings = iter([5.0, 3.0, 4.0, 6.0, 7.0, 8.0][:BASELINE_REPEATS["cpu"]])
     baseline = Baseline(job_inputs, CountingFlush(), copies_outputs=False, max_calls=2)
-    monkeypatch.setattr(baseline, "_once", lambda batch: next(readings))
+    monkeypatch.setattr(baseline, "_once", lambda batch, links=None: next(readings))
     assert baseline.time_ms(seeded_batch(2)) == 3.0
 
 
@@ -254,7 +254,7 @@ def test_the_baseline_on_a_cpu_times_the_steps_with_one_thread(job_inputs, monke
     try:
         baseline = Baseline(job_inputs, CountingFlush(), copies_outputs=False, max_calls=2)
         seen = []
-        monkeypatch.setattr(baseline, "_once", lambda batch: seen.append(torch.get_num_threads()) or 1.0)
+        monkeypatch.setattr(baseline, "_once", lambda batch, links=None: seen.append(torch.get_num_threads()) or 1.0)
         baseline.time_ms(seeded_batch(2))
         assert seen == [CPU_THREADS] * BASELINE_REPEATS["cpu"] and torch.get_num_threads() == before
     finally:

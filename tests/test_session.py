@@ -26,9 +26,9 @@ from flashbench.build import content_hash
 from flashbench.run import RunOptions, Runner, sandbox, select_solutions, select_workloads
 from flashbench.run.judge.check import CheckedCall
 from flashbench.run.judge.references import ReferenceStore
-from flashbench.run.options import MIN_BATCHES
+from flashbench.run.options import MIN_BATCHES, TARGET_BATCH_MS
 from flashbench.run.session import PAUSE_ATTEMPTS, Session, SessionSettings, _Deadline, _Job, _poison, _Stop, _Times
-from flashbench.run.protocol import Batch
+from flashbench.run.protocol import Batch, Call
 from flashbench.run.recipe import output_link
 from flashbench.run.supervisor import WorkerGone, WorkerProcess
 
@@ -197,7 +197,7 @@ def job(graph=False, checked_calls=None, slots=8, device="cpu", definition=None)
     """A _Job of 3 input sets and `slots` output slots, with stand-ins for the worker and session."""
     stand_in = object.__new__(_Job)
     stand_in.settings = settings(graph, checked_calls)
-    stand_in.session = SimpleNamespace(device=device)
+    stand_in.session = SimpleNamespace(device=device, flush=SimpleNamespace(keyed=False))
     stand_in.definition = definition
     stand_in.worker = SimpleNamespace(log_tail=lambda: "the worker's log")
     stand_in.arena_sets = [{} for _ in range(3)]
@@ -266,19 +266,37 @@ def test_a_workloads_timeout_holds_for_all_of_its_requests_together():
     assert given[0] <= 0.12 and given[1] < given[0] and given[2] < 0.05
 
 
-def test_a_picked_call_linked_to_outputs_other_than_those_its_predecessor_left_is_rejected():
+def test_a_call_linked_to_outputs_other_than_those_its_predecessor_left_is_rejected_picked_or_not():
     """The link a call's redraw used must be the one the judge gets from the previous call's outputs as it
-    read them after the batch: from other bytes, those outputs were still being written."""
+    read them after the batch, for every call of the batch (not only the picked ones): from other bytes,
+    those outputs were still being written, or the link was made up so that the next steps could start
+    before the call before had ended."""
     final = {"output": torch.arange(6, dtype=torch.bfloat16), "lse": torch.ones(2)}
     unfinished = {name: torch.full_like(tensor, float("nan")) for name, tensor in final.items()}
-    read = {0: final, 1: final}
+    expected = {1: output_link(list(final.values())).item()}
     stand_in = job()
-    stand_in.reject_unfinished_outputs({1: "timed call 2"}, read, [None, output_link(list(final.values())).item()])
-    stand_in.reject_unfinished_outputs({0: "timed call 1"}, read, [None, 12345])  # call 2 was not picked
+    stand_in.reject_unfinished_outputs({1: "timed call 2"}, expected, [None, expected[1]])
+    for picked, label in (({1: "timed call 2"}, "timed call 2"), ({0: "timed call 1"}, "call 2 of its batch")):
+        with pytest.raises(_Stop) as stopped:
+            stand_in.reject_unfinished_outputs(picked, expected, [None, output_link(list(unfinished.values())).item()])
+        assert stopped.value.outcome.status == "REJECTED"
+        assert f"the call before {label} were still being written" in stopped.value.outcome.message
+
+
+def test_every_timed_calls_flush_is_checked_against_the_judges_run_of_the_steps():
+    """The judge's baseline keyed each flush by the worker's links: a call whose reported flush result is
+    not the judge's is REJECTED, picked or not; calls without a seed (nothing flipped) are passed over."""
+    stand_in = job()
+    stand_in.session.flush = SimpleNamespace(keyed=True)
+    batch = Batch(calls=[Call(set=0, slot=0), Call(set=0, slot=1, seed=7), Call(set=0, slot=2, seed=8)])
+    baseline = SimpleNamespace(flushed=[11, 22, 33])
+    stand_in.reject_unflushed(baseline, batch, [99, 22, 33], b=0)  # the first call has no seed
     with pytest.raises(_Stop) as stopped:
-        stand_in.reject_unfinished_outputs({1: "timed call 2"}, read, [None, output_link(list(unfinished.values())).item()])
-    assert stopped.value.outcome.status == "REJECTED"
-    assert "the call before timed call 2 were still being written" in stopped.value.outcome.message
+        stand_in.reject_unflushed(baseline, batch, [11, 22, 34], b=1)
+    assert "the L2 flush before call 3 of timed batch 2 did not return what its keyed reads give" in \
+        stopped.value.outcome.message
+    stand_in.session.flush = SimpleNamespace(keyed=False)
+    stand_in.reject_unflushed(baseline, batch, [0, 0, 0], b=0)  # nothing keyed: nothing to check
 
 
 @pytest.mark.parametrize("step_ms, sizing", [(5.0, True), (30.0, False)])
@@ -291,11 +309,12 @@ def test_timed_batches_are_sized_by_an_untimed_batch_of_about_the_targets_length
 
     def batch(calls, timed, graph, picked):
         ran.append((len(calls), timed))
+        stand_in.history.append((None, [None] * len(calls), [0] * len(calls)))
         return 1.0 * len(calls), None  # 1 ms a call
 
     monkeypatch.setattr(stand_in, "batch", batch)
     stand_in.worker.paused = lambda: contextlib.nullcontext(SimpleNamespace(held=True))
-    baseline = SimpleNamespace(time_ms=lambda batch: 0.0)
+    baseline = SimpleNamespace(time_ms=lambda batch, links=None: 0.0)
     stand_in.timed_batches(baseline, step_ms)
     if sizing:
         assert ran[0] == (4, False)  # 20 ms over the warm-up's 5 ms a call
@@ -314,11 +333,12 @@ def test_a_slow_call_runs_what_fits_in_the_budget_and_never_fewer_than_min_batch
 
     def batch(calls, timed, graph, picked):
         ran.append(len(calls))
+        stand_in.history.append((None, [None] * len(calls), [0] * len(calls)))
         return 25.0 * len(calls), None
 
     monkeypatch.setattr(stand_in, "batch", batch)
     stand_in.worker.paused = lambda: contextlib.nullcontext(SimpleNamespace(held=True))
-    stand_in.timed_batches(SimpleNamespace(time_ms=lambda batch: 0.0), 25.0)
+    stand_in.timed_batches(SimpleNamespace(time_ms=lambda batch, links=None: 0.0), 25.0)
     assert ran == [1] * batches and stand_in.times.batch_sizes == [1] * batches
 
 
@@ -330,7 +350,7 @@ def test_the_steps_are_timed_only_with_the_sandbox_stopped(stops_on):
     attempts, readings = [], iter([5.0, 4.0, 3.0])
     stand_in.worker.paused = lambda: (attempts.append(1),
                                       contextlib.nullcontext(SimpleNamespace(held=len(attempts) == stops_on)))[1]
-    baseline = SimpleNamespace(time_ms=lambda batch: next(readings))
+    baseline = SimpleNamespace(time_ms=lambda batch, links=None: next(readings))
     if stops_on is None:
         with pytest.raises(_Stop) as stopped:
             stand_in.steps_ms(baseline, batch=None)
@@ -562,3 +582,69 @@ def test_a_worker_that_skips_the_keyed_flush_is_rejected(repo_copy, shared_cache
     assert statuses["correct_dps"][0] == "PASSED", statuses
     status, message = statuses[name]
     assert status == "REJECTED" and "L2 flush" in message and "keyed reads" in message, statuses
+
+
+# Workers that cheat only on calls the judge does not check: they learn nothing of which those are, but
+# with the judge made to check only each batch's last call, the cheating is on unchecked calls only.
+CHEATS_UNCHECKED = f'''
+import sys
+import torch
+sys.path.insert(0, {str(FIXTURES.parent / "_shared" / "decode_support")!r})
+from decode_math import decode_into
+from flashbench.run import recipe
+from flashbench.run.worker import handler
+
+state = {{"k": 0, "calls": 0}}
+run_batch, flush, output_link = handler.run_batch, recipe.L2Flush.__call__, recipe.output_link
+
+
+def counting_run_batch(batch, *args, **kwargs):
+    state.update(k=0, calls=len(batch.calls))
+    return run_batch(batch, *args, **kwargs)
+
+
+handler.run_batch = counting_run_batch
+{{cheat}}
+
+
+def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, output, lse):
+    decode_into(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, output, lse)
+'''
+UNCHECKED_CHEATS = {
+    # no flush but before the batch's last call: a made-up result
+    "skips_unchecked_flushes": '''
+def skipping(self, link=None, keys=None):
+    state["k"] += 1
+    return flush(self, link, keys) if state["k"] == state["calls"] else torch.tensor(12345)
+
+
+recipe.L2Flush.__call__ = skipping
+''',
+    # a link known before the call before ends, so the next steps could start early; the flush done for it
+    "makes_up_links": '''
+def made_up(outputs):
+    state["k"] += 1
+    return output_link(outputs) if state["k"] == state["calls"] - 1 else torch.tensor(123456789)
+
+
+recipe.output_link = made_up
+''',
+}
+
+
+@pytest.mark.parametrize("name", UNCHECKED_CHEATS)
+def test_cheating_only_on_unchecked_calls_is_rejected(repo_copy, shared_cache, tmp_path, monkeypatch, name):
+    """Every call's link is checked against the outputs its predecessor left, and every timed call's flush
+    against the judge's own run of the batch's steps: not only the calls picked for checking."""
+    from flashbench.run.jobs import JobJudge
+    from flashbench.run.recipe import L2Flush
+    from flashbench.run.session import _Job
+    flush = L2Flush("read", "cpu", nbytes=1 << 20)
+    monkeypatch.setattr(JobJudge, "flush", lambda self, device: flush)
+    monkeypatch.setattr(_Job, "pick_checks", lambda self, batches, size: {b: [size - 1] for b in range(batches)})
+    monkeypatch.setitem(TARGET_BATCH_MS, "cpu", 200.0)  # batches of many calls, even on a loaded machine
+    folder = write_solution(tmp_path / name, name, CHEATS_UNCHECKED.replace("{cheat}", UNCHECKED_CHEATS[name]))
+    result, _ = run(repo_copy, shared_cache, tmp_path / "traces", [FIXTURES / "correct_dps", folder], iters=20)
+    statuses = {t.solution: (t.status, t.message) for t in result.traces}
+    assert statuses["correct_dps"][0] == "PASSED", statuses
+    assert statuses[name][0] == "REJECTED", statuses

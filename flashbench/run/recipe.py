@@ -20,7 +20,7 @@ are keyed by the same number, and the signs of the queries' columns (negated_col
 they return (L2Flush), so the flush runs between the two calls and nowhere else. A call's outputs
 must therefore be final when the next call's steps begin. Work a call leaves running after it returns
 (on another stream, in a thread) would have the next inputs drawn from unfinished outputs, which the
-judge sees when it checks the links of the calls it reads (docs/threat_model.md, class 5b, says what a
+judge sees when it checks the link of every call (docs/threat_model.md, class 5b, says what a
 worker that rewrites these steps can still do).
 """
 
@@ -527,10 +527,12 @@ class InputSets:
 
 def run_batch(batch: Batch, inputs: InputSets, flush: L2Flush, invoke: Callable[[Call], None],
               after: Callable[[Call], None], clock: CallClock,
-              outputs: Callable[[Call], list[torch.Tensor]]) -> tuple[list, list]:
+              outputs: Callable[[Call], list[torch.Tensor]], given_links: list | None = None) -> tuple[list, list]:
     """`invoke` is timed by `clock`; `after` (moving returned outputs into their slot) is not; `outputs`
     gives the slot a call's outputs are then in. Returns the link each call's redraw used (None: none)
-    and what the flush before each call returned (the signs' link, L2Flush)."""
+    and what the flush before each call returned (the signs' link, L2Flush). `given_links` (the judge's
+    run of the steps) replaces the links taken from `outputs` by those the worker reported, so that each
+    flush is keyed as the worker's was."""
     start = time.perf_counter()
     clock.begin(len(batch.calls))
     inputs.draw(batch.fresh_seed, batch.calls)
@@ -546,7 +548,7 @@ def run_batch(batch: Batch, inputs: InputSets, flush: L2Flush, invoke: Callable[
         clock.stop(k)
         after(call)
         if k + 1 in linked:
-            links[k + 1] = output_link(outputs(call))
+            links[k + 1] = output_link(outputs(call)) if given_links is None else given_links[k + 1]
     clock.issue_ms = (time.perf_counter() - start) * 1e3
     synchronize(clock.device)
     return links, flushed

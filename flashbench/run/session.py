@@ -28,7 +28,7 @@ from .judge.clock import (Baseline, CleanSteps, disagreement, harness_per_call_m
 from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
 from .protocol import Batch, BatchDone, Call, CallTimes, Close, Failed, Open, Opened, ReadTimes
-from .recipe import L2Flush, link_keys, linked_calls, output_link
+from .recipe import L2Flush, link_values, linked_calls, output_link
 from .supervisor import WorkerGone, WorkerProcess
 
 _secret = random.SystemRandom()
@@ -72,16 +72,6 @@ class _Read:
     batch: int  # the batch's place in the job's history
     call: int  # the call's place in its batch
     outputs: dict[str, torch.Tensor]
-
-
-@dataclass
-class _Flush:
-    """What a picked call's worker says the L2 flush before it returned; the judge's own comes later."""
-
-    label: str
-    link: int | None  # the link the flush was keyed by (None: the batch's first call, keyed by 0)
-    seed: int
-    reported: int
 
 
 @dataclass
@@ -241,7 +231,6 @@ class _Job:
         # replayed for the references
         self.history: list[tuple[Batch, list[int | None], list[int]]] = []
         self.reads: list[_Read] = []
-        self.flushes: list[_Flush] = []  # the picked calls' flushes, checked at the end of the job
         self.times = _Times()
 
     def judge(self, baseline: Baseline) -> JobOutcome:
@@ -257,7 +246,6 @@ class _Job:
         self.timed_batches(baseline, self.warm_up())
         if clean is not None and self.session.trusted:
             clean.measure(baseline, self.inputs.workload.uuid, self.session.device)
-        self.reject_unflushed()
         verdict = self.check_outputs()
         if not verdict.passed:
             return self.outcome(verdict)
@@ -293,16 +281,32 @@ class _Job:
             labels = {k: f"timed call {b * size + k + 1} of {batches * size}" for k in picked.get(b, [])}
             batch_ms, batch = self.batch(calls, timed=True, graph=settings.graph, picked=labels)
             self.times.batch_ms.append(batch_ms)
-            self.times.baseline_ms.append(self.steps_ms(baseline, batch))
+            _, links, flushed = self.history[-1]
+            self.times.baseline_ms.append(self.steps_ms(baseline, batch, links))
+            self.reject_unflushed(baseline, batch, flushed, b)
             self.times.batch_sizes.append(size)
 
-    def steps_ms(self, baseline: Baseline, batch: Batch) -> float:
+    def reject_unflushed(self, baseline: Baseline, batch: Batch, reported: list[int], b: int) -> None:
+        """Every timed call's L2 flush must have returned what the judge's own returns for the same link and
+        keys: with keyed read passes (recipe.L2Flush) another number means the passes were skipped, shortened
+        or run on other data, and the call's queries were not the judge's. The judge's run of the batch's
+        steps (steps_ms) keyed each flush by the links the worker reported (checked against its outputs:
+        reject_unfinished_outputs), so it has the judge's number for every call, not only the picked ones."""
+        if not self.session.flush.keyed:
+            return
+        for k, (call, mine, theirs) in enumerate(zip(batch.calls, baseline.flushed, reported)):
+            if call.seed is not None and mine != theirs:
+                raise _Stop(self.rejected(f"the L2 flush before call {k + 1} of timed batch {b + 1} did not return "
+                                          "what its keyed reads give: the flush was skipped, shortened or run on "
+                                          "other data"))
+
+    def steps_ms(self, baseline: Baseline, batch: Batch, links: list[int | None] | None = None) -> float:
         """The judge's own time for the batch's steps, taken while the worker's sandbox is stopped: a process
         of it left running then would make the steps look dearer and the solution's calls, with them
         subtracted, cheaper. A sandbox that did not stay stopped throughout is tried again, then REJECTED."""
         for _ in range(PAUSE_ATTEMPTS):
             with self.worker.paused() as pause:
-                reading = baseline.time_ms(batch)
+                reading = baseline.time_ms(batch, links)
             if pause.held:
                 return reading
         raise _Stop(self.rejected("its sandbox could not be stopped while the judge timed its own steps: a "
@@ -341,12 +345,11 @@ class _Job:
     def batch(self, calls: list[Call], timed: bool, graph: bool, picked: dict[int, str]) -> tuple[float, Batch]:
         """Run one batch; the judge's time for it (ms). The outputs are poisoned; after the batch the picked
         calls' outputs are read, leftovers looked for, the batch's redraws replayed on the judge's copies
-        (with the links and flush results the worker reports), and changes to the inputs, unfinished outputs
-        and flushes not done as given looked for (reject_changed_inputs, reject_unfinished_outputs;
-        reject_unflushed, at the end of the job). Nothing the judge does between batches depends
-        on which calls are picked: the references and flushes wait for the end of the job
-        (`check_outputs`, `reject_unflushed`), so the worker cannot tell from the judge's pauses which
-        batches are checked."""
+        (with the links and flush results the worker reports), and changes to the inputs and unfinished
+        outputs looked for (reject_changed_inputs, reject_unfinished_outputs; every call's flush is checked
+        when the judge runs the batch's steps itself, reject_unflushed). Nothing the judge does between
+        batches depends on which calls are picked: the references wait for the end of the job
+        (`check_outputs`), so the worker cannot tell from the judge's pauses which batches are checked."""
         batch = Batch(calls=calls, graph=graph, fresh_seed=fresh_seed())
         for slot in self.arena_slots[:max(c.slot for c in calls) + 1]:
             for tensor in slot.values():
@@ -355,11 +358,14 @@ class _Job:
         reply, elapsed_ms = self.deadline.timed_ask(self.worker, batch)
         if not isinstance(self.unless_failed(reply), BatchDone):
             raise _Stop(self.rejected("the worker's reply does not match the batch it was sent"))
-        # Copies taken now, nothing written later counts: the picked calls' outputs, and the outputs of the
-        # call before each picked call that is linked to them.
+        # Copies taken now, nothing written later counts: the picked calls' outputs.
         linked = set(linked_calls(calls))
-        wanted = set(picked) | {k - 1 for k in picked if k in linked}
-        read = {k: {name: tensor.clone() for name, tensor in self.arena_slots[calls[k].slot].items()} for k in wanted}
+        read = {k: {name: tensor.clone() for name, tensor in self.arena_slots[calls[k].slot].items()} for k in picked}
+        # And every linked call's link, from the outputs the call before it left in its slot (each call of a batch
+        # has a slot of its own): checked for every call alike, not only the picked ones.
+        order = sorted(linked)
+        expected_links = dict(zip(order, link_values(
+            [output_link(list(self.arena_slots[calls[k - 1].slot].values())) for k in order])))
         self.reject_leftovers()
         times = self.unless_failed(self.deadline.ask(self.worker, ReadTimes()))
         if not isinstance(times, CallTimes) or {len(times.event_ms), len(times.links), len(times.flushed)} != {len(calls)}:
@@ -368,9 +374,7 @@ class _Job:
         self.replay(batch, links, times.flushed)
         self.history.append((batch, links, times.flushed))
         self.reject_changed_inputs()
-        self.reject_unfinished_outputs(picked, read, links)
-        self.flushes += [_Flush(label, links[k], batch.calls[k].seed, times.flushed[k])
-                         for k, label in picked.items() if batch.calls[k].seed is not None]
+        self.reject_unfinished_outputs(picked, expected_links, links)
         self.reads += [_Read(label, len(self.history) - 1, k, read[k]) for k, label in picked.items()]
         if timed:
             self.times.worker_ms += times.event_ms
@@ -434,28 +438,18 @@ class _Job:
             if changed:
                 raise _Stop(self.rejected(f"the solution modified its inputs: {', '.join(changed)}"))
 
-    def reject_unfinished_outputs(self, picked: dict[int, str], read: dict[int, dict], links: list[int | None]) -> None:
-        """Each picked call's redraw must have been linked to the outputs the call before it left in its
-        slot: a link from other bytes means those outputs were still being written when the next call's
-        steps began (work left running after its call returned, on another stream or in a thread)."""
-        for k, label in picked.items():
-            if links[k] is not None and links[k] != output_link(list(read[k - 1].values())).item():
+    def reject_unfinished_outputs(self, picked: dict[int, str], expected: dict[int, int], links: list[int | None]) -> None:
+        """Every linked call's redraw must have been linked to the outputs the call before it left in its slot
+        (`expected`, read when the batch ended): a link from other bytes means those outputs were still being
+        written when the next call's steps began (work left running after its call returned, on another stream
+        or in a thread), or a link made up so that the next call's steps could start early."""
+        for k, link in expected.items():
+            if links[k] != link:
+                label = picked.get(k, f"call {k + 1} of its batch")
                 raise _Stop(self.rejected(
                     f"the outputs of the call before {label} were still being written after that call returned: "
                     "the next call's inputs were drawn from unfinished outputs (work left running on another "
-                    "stream or thread)"))
-
-    def reject_unflushed(self) -> None:
-        """The L2 flush before each picked call must have returned what the judge's own flush returns for the
-        same link and keys: with keyed read passes (recipe.L2Flush) another number means the passes were
-        skipped, shortened or run on other data, and the call's queries were not the judge's."""
-        for check in self.flushes:
-            expected = self.session.flush(check.link, link_keys([check.seed], self.session.device)[0])
-            expected = int(expected.item()) if isinstance(expected, torch.Tensor) else (expected or 0)
-            if check.reported != expected:
-                raise _Stop(self.rejected(
-                    f"the L2 flush before {check.label} did not return what its keyed reads give: the flush was "
-                    "skipped, shortened or run on other data"))
+                    "stream or thread), or its link was made up"))
 
     def check_outputs(self) -> Verdict:
         """The first checked call that fails, or a pass whose errors are the worst seen per output; the

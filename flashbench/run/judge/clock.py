@@ -15,7 +15,7 @@ import torch
 
 from ...dtypes import torch_dtype
 from ..protocol import Batch, Call
-from ..recipe import CallClock, InputSets, L2Flush, run_batch, steps_threads
+from ..recipe import CallClock, InputSets, L2Flush, link_values, run_batch, steps_threads
 from .inputs import JobInputs, fresh_seed
 
 # Worker times under this share of the judge's, beyond the slack, cannot be honest. Judged on a GPU
@@ -56,16 +56,24 @@ class Baseline:
         self.slots = [torch.zeros(shape, dtype=torch_dtype(dtype), device=self.device)
                       for dtype, shape in inputs.outputs.values()]
         self.returned = [torch.zeros_like(slot) for slot in self.slots] if copies_outputs else None
+        self.flushed: list[int] = []  # what each flush of the last batch returned (0: none)
 
-    def time_ms(self, batch: Batch) -> float:
+    def time_ms(self, batch: Batch, links: list | None = None) -> float:
+        """The batch's steps (ms); with `links` (the worker's reported ones) each flush is keyed by them and
+        what it returned is kept in `self.flushed` (ints), the judge's value for every call."""
         mapped = batch.model_copy(update={"calls": [Call(set=0, slot=0, seed=call.seed) for call in batch.calls]})
         with steps_threads(self.device):
-            return min(self._once(mapped) for _ in range(BASELINE_REPEATS[torch.device(self.device).type]))
+            return min(self._once(mapped, links) for _ in range(BASELINE_REPEATS[torch.device(self.device).type]))
 
-    def _once(self, batch: Batch) -> float:
+    def _once(self, batch: Batch, links: list | None = None) -> float:
         start = time.perf_counter()
-        run_batch(batch, self.inputs, self.flush, self._empty_call, self._copy, self.clock, lambda call: self.slots)
-        return (time.perf_counter() - start) * 1e3
+        _, flushed = run_batch(batch, self.inputs, self.flush, self._empty_call, self._copy, self.clock,
+                               lambda call: self.slots, links)
+        elapsed = (time.perf_counter() - start) * 1e3
+        # After the clock, in one transfer; a flush that reads nothing returned the link it was given (an integer).
+        tensors = iter(link_values([f for f in flushed if isinstance(f, torch.Tensor)]))
+        self.flushed = [next(tensors) if isinstance(f, torch.Tensor) else f or 0 for f in flushed]
+        return elapsed
 
     def _empty_call(self, call: Call) -> None:
         if self._empty is not None:

@@ -86,7 +86,7 @@ def captured(launch: Callable[[], object], device: torch.device) -> tuple[torch.
 KEYED_WIDTH = 16384  # products stay under 2^28: exact in the int32 the product accumulates in
 # Columns of each pass's key matrix: an int8 product takes a multiple of 8; on an H100 one pass over
 # 256 MiB took 151 µs with 8 and 113 µs with 16, against 109 µs for a sum of the same bytes as float32
-# (`python benchmarks/keyed_flush.py`).
+# (docs/data/clock_study_h100/v12_keyed_pass.txt; `python benchmarks/keyed_flush.py` measures the same).
 KEY_COLUMNS = 16
 FLUSH_SALT = 0xC2B2AE3D
 

@@ -96,8 +96,8 @@ class L2Flush:
     next call to having done so: called with the previous call's link and the call's keys (link_keys), it
     returns the number the call's query signs are set from (InputSets.flip). With `read` passes that
     number is the link carried through each pass's product with the buffer (keyed_pass), so a worker that
-    skips, shortens or moves a pass gets the next call's inputs wrong, and the judge recomputes it for the
-    calls it checks; the other methods return the link as it is. On a GPU the flush's launches are
+    skips, shortens or moves a pass gets the next call's inputs wrong, and the judge recomputes it for every
+    timed call; the other methods return the link as it is. On a GPU the flush's launches are
     captured once in a CUDA graph and replayed: the same kernels on the device, one launch for the host to
     issue (see READ_PASSES)."""
 
@@ -264,11 +264,11 @@ def _multipliers(count: int, device: torch.device, salt: int) -> torch.Tensor:
     return (torch.arange(1, count + 1, dtype=torch.int64, device=device) * salt) % LINK_PRIME
 
 
-def link_values(links: list[torch.Tensor | None]) -> list[int]:
-    """The links a batch used, as integers (0 for a call that used none), read in one transfer."""
-    used = [link for link in links if link is not None]
+def link_values(links: list[torch.Tensor | int | None]) -> list[int]:
+    """The links a batch used, as integers (0 for a call that used none), the tensors read in one transfer."""
+    used = [link for link in links if isinstance(link, torch.Tensor)]
     values = iter(torch.stack(used).tolist() if used else [])
-    return [0 if link is None else next(values) for link in links]
+    return [next(values) if isinstance(link, torch.Tensor) else link or 0 for link in links]
 
 
 def linked_calls(calls: list[Call]) -> list[int]:

@@ -37,6 +37,8 @@ made it. Paths are relative to the repository root; a missing input is a one-lin
     moved OLD_FILE NEW_FILE         how far each latency moved in a re-recording, and whose content hash changed
     flush_profile FILE              Nsight Compute's DRAM traffic of each decode kernel after each flush
                                     (`ncu ... --csv python benchmarks/l2_flush.py --profile > FILE`)
+    keyed_flush FILE                the keyed flush's passes and whole flushes (`python benchmarks/keyed_flush.py
+                                    --json FILE`)
     rejections FILE_OR_GLOB...      pairs by status for honest solutions (those with a folder under solutions/;
                                     not the reference, not test fixtures), and every REJECTED one
 
@@ -155,6 +157,11 @@ def flush_table(records: list[dict]) -> str:
     return markdown(["kernel", *(f"after {m}" for m in methods)], rows)
 
 
+def keyed_flush_table(records: list[dict]) -> str:
+    """benchmarks/keyed_flush.py's records: a pass or a whole flush, its median time."""
+    return markdown(["what", "µs"], [[r["what"], us(r["us"])] for r in records])
+
+
 def flush_profile_table(order: dict, kernels: list[dict]) -> str:
     """Nsight Compute's readings of each call of `benchmarks/l2_flush.py --profile` (its kernels in launch
     order, a call starting at each split kernel), as the median over a (workload, flush)'s calls."""
@@ -232,9 +239,10 @@ def is_ours(trace: Trace) -> bool:
     return trace.solution not in (*PEERS, REFERENCE) and BASELINE_TAG not in trace.solution_tags
 
 
-def peers_table(traces: list[Trace], workloads: list[Workload], calibration: Calibration,
+def peers_table(traces: list[Trace], workloads: list[Workload], calibration: Calibration | None,
                 hashes: dict[str, str] | None = None) -> str:
-    """`hashes`: each solution folder's content hash now; a cell measured on other content says `(stale)`."""
+    """`hashes`: each solution folder's content hash now; a cell measured on other content says `(stale)`.
+    Without a calibration of the device there is no floor column."""
     latest = current(traces)
 
     def cell(found: tuple[str, float] | None) -> str:
@@ -250,15 +258,15 @@ def peers_table(traces: list[Trace], workloads: list[Workload], calibration: Cal
         peer = fastest(latest, workload.uuid, is_peer)
         ours = fastest(latest, workload.uuid, is_ours)
         speed = floor = NONE
-        if ours:
+        if ours and calibration:
             sol_pct = with_speed_of_light(traces_frame([latest[ours[0], workload.uuid]]), calibration)["sol_pct"].iloc[0]
             floor = NONE if math.isnan(sol_pct) else f"{sol_pct:.0f}%"  # NaN: no cost model
         if peer and ours:
             speeds.append(peer[1] / ours[1])
             speed = f"{speeds[-1]:.2f}x"
-        rows.append([workload.label, cell(peer), cell(ours), speed, floor])
+        rows.append([workload.label, cell(peer), cell(ours), speed] + ([floor] if calibration else []))
     table = markdown(["workload", "best peer (solution, µs)", "ours, best (solution, µs)",
-                      "ours / peer speed (peer µs ÷ ours)", "ours % of floor"], rows)
+                      "ours / peer speed (peer µs ÷ ours)"] + (["ours % of floor"] if calibration else []), rows)
     if not speeds:
         return table + "\n\nNo workload has both a peer's and our result."
     return table + (f"\n\nGeomean of ours / peer speed over the {len(speeds)} workloads with both: "
@@ -375,6 +383,12 @@ def build_flush(file):
     return flush_table(records), [f"`{rel(path)}`"], {r["device"] for r in records if r.get("device")}
 
 
+def build_keyed_flush(file):
+    path = path_of(file)
+    document = json.loads(need(path).read_text())
+    return keyed_flush_table(document["records"]), [f"`{rel(path)}`"], {document["device"]}
+
+
 def build_flush_profile(file):
     """Nsight Compute's --csv output: the program's first JSON line (what it profiled, in order), then
     one row per (kernel launch, metric)."""
@@ -405,11 +419,12 @@ def build_adversarial(file):
 def build_peers(trace_file):
     path = path_of(trace_file)
     traces = read(path)
-    calibration_file = path.parent / "calibration.json"
-    calibration = load_model(Calibration, need(calibration_file))
+    calibration_file = path.parent / "calibration.json"  # where there is none, the table has no floor
+    calibration = load_model(Calibration, calibration_file) if calibration_file.exists() else None
     definition = definition_of(traces, path)
     table = peers_table(traces, workloads_of(definition), calibration, solution_hashes(repo(), definition))
-    return table, [f"`{rel(path)}`", f"`{rel(calibration_file)}` (floor)"], devices(traces)
+    sources = [f"`{rel(path)}`"] + ([f"`{rel(calibration_file)}` (floor)"] if calibration else [])
+    return table, sources, devices(traces)
 
 
 def build_events_graph(definition, *solution):
@@ -501,7 +516,7 @@ BUILDERS = {"flush": build_flush, "clocks": build_clocks, "adversarial": build_a
             "events_graph": build_events_graph, "repeat": build_repeat, "repeat_events": build_repeat_events,
             "moved": build_moved,
             "rejections": build_rejections, "clock_excess": build_clock_excess, "steps": build_steps,
-            "flush_profile": build_flush_profile}
+            "flush_profile": build_flush_profile, "keyed_flush": build_keyed_flush}
 
 
 def usage(name: str) -> str:

@@ -63,6 +63,18 @@ def test_peers_best_peer_against_our_best_with_share_of_floor_and_geomean():
     assert last_line(et.peers_table(traces[-2:], WORKLOADS, CALIBRATION)) == "No workload has both a peer's and our result."
 
 
+def test_peers_without_a_calibration_of_the_device_has_no_floor_column():
+    traces = [make_trace("flashmla", SMALL, 1.5), make_trace("triton", SMALL, 1.0, nbytes=5e8)]
+    table = et.peers_table(traces, WORKLOADS, None)
+    assert "% of floor" not in table
+    assert rows(table) == [["small", "flashmla, 1500.0", "triton, 1000.0", "1.50x"]]
+
+
+def test_keyed_flush_lists_each_pass_and_flush_with_its_time():
+    table = et.keyed_flush_table([{"what": "flush read (whole)", "us": 538.46}, {"what": "float32 sum pass", "us": 107.7}])
+    assert rows(table) == [["flush read (whole)", "538.5"], ["float32 sum pass", "107.7"]]
+
+
 def test_peers_cells_measured_on_other_content_than_the_folder_holds_now_say_stale():
     traces = [make_trace("flashmla", SMALL, 1.5), make_trace("triton", SMALL, 1.0)]
     hashes = {"flashmla": "flashmla-hash", "triton": "edited since"}

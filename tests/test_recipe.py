@@ -72,6 +72,27 @@ def test_a_batch_draws_once_then_redraws_flushes_flips_and_times_each_call():
     assert len(clock.times_ms()) == 3 and all(t >= 0 for t in clock.times_ms())
 
 
+def test_steps_keyed_by_given_links_still_compute_each_link_from_the_outputs():
+    """The judge's run of the steps keys each flush by the worker's reported links and must cost what the
+    worker's run does: it reads the outputs of every linked call as the worker does."""
+    calls = [Call(set=0, slot=0, seed=11), Call(set=0, slot=1, seed=12), Call(set=0, slot=2, seed=13)]
+    read = {False: [], True: []}
+    keyed = {False: [], True: []}
+    for given in (False, True):
+        def flush(link, keys, given=given):
+            keyed[given].append(None if link is None else int(link))
+            return link
+
+        def outputs(call, given=given):
+            read[given].append(call.slot)
+            return [torch.full((2,), float(call.slot + 1))]
+
+        run_batch(Batch(calls=calls, fresh_seed=5), RecordingInputs(), flush, lambda call: None, lambda call: None,
+                  CallClock("cpu", 3), outputs, [None, 101, 202] if given else None)
+    assert read[True] == read[False] == [0, 1]
+    assert keyed[True] == [None, 101, 202] and keyed[False][1:] != [101, 202]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.bool,
                                    torch.float8_e4m3fn])
 def test_an_output_link_sums_the_raw_words_and_sees_any_change(dtype):

@@ -532,7 +532,7 @@ def run_batch(batch: Batch, inputs: InputSets, flush: L2Flush, invoke: Callable[
     gives the slot a call's outputs are then in. Returns the link each call's redraw used (None: none)
     and what the flush before each call returned (the signs' link, L2Flush). `given_links` (the judge's
     run of the steps) replaces the links taken from `outputs` by those the worker reported, so that each
-    flush is keyed as the worker's was."""
+    flush is keyed as the worker's was; the links from `outputs` are still computed, as the worker's are."""
     start = time.perf_counter()
     clock.begin(len(batch.calls))
     inputs.draw(batch.fresh_seed, batch.calls)
@@ -548,7 +548,10 @@ def run_batch(batch: Batch, inputs: InputSets, flush: L2Flush, invoke: Callable[
         clock.stop(k)
         after(call)
         if k + 1 in linked:
-            links[k + 1] = output_link(outputs(call)) if given_links is None else given_links[k + 1]
+            # Computed on both sides: the judge's run of the steps must cost what the worker's does, or the
+            # difference is charged to the solution (docs/measurement.md, "v13").
+            link = output_link(outputs(call))
+            links[k + 1] = link if given_links is None else given_links[k + 1]
     clock.issue_ms = (time.perf_counter() - start) * 1e3
     synchronize(clock.device)
     return links, flushed

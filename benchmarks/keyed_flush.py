@@ -1,10 +1,11 @@
 """What a keyed read pass of the L2 flush costs (GPU only).
 
-Times with CUDA events (median of 30) one pass over the 256 MiB flush buffer three ways: a float32 sum
-(the unkeyed pass of flush versions 1-3), the int8 matrix product a keyed pass makes (flush version 4)
-for a few row widths and key widths, and the key matrix stored both ways (the product wants it
-column-major); then one whole flush of each method as `flashbench.run.recipe.L2Flush` runs it (graph
-replay, keys and digest included). Checks each product against an exact int64 product on the CPU.
+Times with CUDA events (median of 30) one pass over the 256 MiB flush buffer several ways: a float32 sum
+(the unkeyed pass of flush versions 1-3), an int64 sum (a plain read, near the bandwidth), the int8
+matrix product a keyed pass makes (flush version 4) for a few row widths and key widths, and the key
+matrix stored both ways (the product wants it column-major); then one whole flush of each method as
+`flashbench.run.recipe.L2Flush` runs it (graph replay, keys and digest included). Checks each product
+against an exact int64 product on the CPU.
 
     python benchmarks/keyed_flush.py [--json OUT.json]
 """
@@ -45,6 +46,10 @@ def main() -> None:
     records.append({"what": "float32 sum pass", "us": median_us(lambda: torch.sum(floats, dim=0, out=sink))})
     del floats
     buffer = torch.randint(-128, 128, (FLUSH_BYTES,), dtype=torch.int8, device=device)
+    # What a read of the buffer costs near the device's bandwidth: a keyed pass a worker fused into one kernel
+    # would approach it, and be credited the rest of the judge's flush (docs/threat_model.md, class 5b).
+    words, total = buffer.view(torch.int64), torch.empty((), dtype=torch.int64, device=device)
+    records.append({"what": "int64 sum pass (a plain read)", "us": median_us(lambda: torch.sum(words, dim=0, out=total))})
     for width in (4096, 16384):
         rows = buffer.view(-1, width)
         for columns in (8, 16):

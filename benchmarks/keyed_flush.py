@@ -49,7 +49,8 @@ def main() -> None:
     # What a read of the buffer costs near the device's bandwidth: a keyed pass a worker fused into one kernel
     # would approach it, and be credited the rest of the judge's flush (docs/threat_model.md, class 5b).
     words, total = buffer.view(torch.int64), torch.empty((), dtype=torch.int64, device=device)
-    records.append({"what": "int64 sum pass (a plain read)", "us": median_us(lambda: torch.sum(words, dim=0, out=total))})
+    plain_read_us = median_us(lambda: torch.sum(words, dim=0, out=total))
+    records.append({"what": "int64 sum pass (a plain read)", "us": plain_read_us})
     for width in (4096, 16384):
         rows = buffer.view(-1, width)
         for columns in (8, 16):

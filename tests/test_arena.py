@@ -9,12 +9,16 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from flashbench import Repo
+from flashbench.run import select_workloads
 from flashbench.run.arena import ALIGNMENT, Arena, open_memfd_arena, plan_layout, views
-from flashbench.run.protocol import ArenaHandle, fd_socket_pair, receive_fd, send_fd
+from flashbench.run.protocol import ArenaHandle, Opened, fd_socket_pair, receive_fd, send_fd
+from flashbench.run.session import Session, _Stop
 
 
 def test_layout_places_sets_and_slots_apart_and_aligned():
@@ -200,6 +204,32 @@ def test_a_cuda_arena_exported_by_a_worker_is_mapped_by_the_judge():
             Arena.import_cuda(handle.model_copy(update={"offset": 1 << 30}), 64, "cuda")
     finally:
         worker.communicate("\n", timeout=60)
+
+
+@pytest.mark.parametrize("offset", [1, 2, 6, ALIGNMENT + 2, -ALIGNMENT])
+def test_a_cuda_arena_whose_offset_is_not_aligned_is_refused_before_it_is_mapped(offset):
+    """The offset in a worker's Opened is the worker's word. The judge builds every view at that offset
+    (views() takes any address); one off ALIGNMENT leaves bfloat16 and float32 views at odd addresses, and
+    the judge's first fill of them faults with a sticky CUDA "misaligned address" that ends the runner.
+    An honest worker's offset comes from torch's allocator (512-byte blocks)."""
+    handle = ArenaHandle(kind="cuda_ipc", ipc_handle="00" * 64, offset=offset)
+    with pytest.raises(ValueError, match=f"multiple of {ALIGNMENT}"):
+        Arena.import_cuda(handle, 64, "cuda")  # refused before any driver call: runs without a GPU
+
+
+def test_the_judge_rejects_a_worker_whose_exported_arena_is_misaligned(repo_copy):
+    """Through the session: REJECTED "the worker's arena cannot be used", never an error out of the judge."""
+    [workload] = select_workloads(Repo(repo_copy), "mla_paged_decode_h16_ckv512_kpe64_ps1", ["smoke_mixed"], "cpu")
+    session = object.__new__(Session)  # only what _open_arena reads
+    session.device, session.flush = "cuda:0", SimpleNamespace(method="read", nbytes=1 << 20)
+    opened = Opened(arena=ArenaHandle(kind="cuda_ipc", ipc_handle="00" * 64, offset=1))
+    deadline = SimpleNamespace(ask=lambda worker, request, fd=None: opened)
+    worker = SimpleNamespace(log_tail=lambda: "")
+    layout = plan_layout({"q": torch.zeros(4)}, {}, {"o": ("float32", [4])}, sets=1, slots=1)
+    with pytest.raises(_Stop) as stopped:
+        session._open_arena(worker, workload, layout, deadline)
+    outcome = stopped.value.outcome
+    assert outcome.status == "REJECTED" and "arena cannot be used" in outcome.message and not outcome.worker_usable
 
 
 def test_each_arena_tensor_has_a_version_counter_of_its_own():

@@ -83,6 +83,6 @@ def test_a_pair_whose_worker_issued_for_nearly_the_whole_batch_is_marked_host_bo
     assert row["busy_host"].endswith(" host-bound")
     assert not row["device_bound"].endswith("host-bound") and not row["unknown"].endswith("host-bound")
     board = report_board(traces, WORKLOADS, "GPU X", CALIBRATION)
-    assert "host-bound: the worker was issuing calls for 95% or more" in markdown_report("d", board, tmp_path / "d.jsonl")
+    assert "host-bound: the worker reported issuing calls for 95% or more" in markdown_report("d", board, tmp_path / "d.jsonl")
     assert "host-bound:" not in markdown_report("d", report_board(traces[1:], WORKLOADS, "GPU X", CALIBRATION),
                                                 tmp_path / "d.jsonl")

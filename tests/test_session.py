@@ -293,10 +293,11 @@ def test_every_timed_calls_flush_is_checked_against_the_judges_run_of_the_steps(
     stand_in.reject_unflushed(baseline, batch, [99, 22, 33], b=0)  # the first call has no seed
     with pytest.raises(_Stop) as stopped:
         stand_in.reject_unflushed(baseline, batch, [11, 22, 34], b=1)
-    assert "the L2 flush before call 3 of timed batch 2 did not return what its keyed reads give" in \
-        stopped.value.outcome.message
-    stand_in.session.flush = SimpleNamespace(keyed=False)
-    stand_in.reject_unflushed(baseline, batch, [0, 0, 0], b=0)  # nothing keyed: nothing to check
+    assert "the L2 flush before call 3 of timed batch 2 did not return what the judge's own gives (its keyed " \
+        "reads" in stopped.value.outcome.message
+    stand_in.session.flush = SimpleNamespace(keyed=False)  # a flush without reads returns its link: checked too
+    with pytest.raises(_Stop):
+        stand_in.reject_unflushed(baseline, batch, [11, 0, 33], b=0)
 
 
 @pytest.mark.parametrize("step_ms, sizing", [(5.0, True), (30.0, False)])
@@ -310,11 +311,11 @@ def test_timed_batches_are_sized_by_an_untimed_batch_of_about_the_targets_length
     def batch(calls, timed, graph, picked):
         ran.append((len(calls), timed))
         stand_in.history.append((None, [None] * len(calls), [0] * len(calls)))
-        return 1.0 * len(calls), None  # 1 ms a call
+        return 1.0 * len(calls), Batch(calls=calls)  # 1 ms a call
 
     monkeypatch.setattr(stand_in, "batch", batch)
     stand_in.worker.paused = lambda: contextlib.nullcontext(SimpleNamespace(held=True))
-    baseline = SimpleNamespace(time_ms=lambda batch, links=None: 0.0)
+    baseline = SimpleNamespace(time_ms=lambda batch, links=None: 0.0, flushed=[0] * 40)  # as the worker's
     stand_in.timed_batches(baseline, step_ms)
     if sizing:
         assert ran[0] == (4, False)  # 20 ms over the warm-up's 5 ms a call
@@ -334,11 +335,11 @@ def test_a_slow_call_runs_what_fits_in_the_budget_and_never_fewer_than_min_batch
     def batch(calls, timed, graph, picked):
         ran.append(len(calls))
         stand_in.history.append((None, [None] * len(calls), [0] * len(calls)))
-        return 25.0 * len(calls), None
+        return 25.0 * len(calls), Batch(calls=calls)
 
     monkeypatch.setattr(stand_in, "batch", batch)
     stand_in.worker.paused = lambda: contextlib.nullcontext(SimpleNamespace(held=True))
-    stand_in.timed_batches(SimpleNamespace(time_ms=lambda batch, links=None: 0.0), 25.0)
+    stand_in.timed_batches(SimpleNamespace(time_ms=lambda batch, links=None: 0.0, flushed=[0]), 25.0)
     assert ran == [1] * batches and stand_in.times.batch_sizes == [1] * batches
 
 
@@ -429,6 +430,8 @@ def test_the_workers_issue_time_is_recorded_as_a_share_of_the_judges_batch_time(
     stand_in = timed([2.0, 2.2, 2.4], [1.0] * 6)
     assert stand_in.timing()["clock"]["worker_issue_share"] is None  # a worker that sent none
     stand_in.times.issue_ms = [4.0, 1.1, 4.8]  # the batches took 4.0, 4.4 and 4.8 ms on the judge's clock
+    assert stand_in.timing()["clock"]["worker_issue_share"] == pytest.approx(1.0)
+    stand_in.times.issue_ms = [4.0e6, 1.1, 4.8e6]  # more than the batch took: the worker's word, capped
     assert stand_in.timing()["clock"]["worker_issue_share"] == pytest.approx(1.0)
 
 

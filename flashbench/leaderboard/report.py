@@ -95,7 +95,7 @@ def markdown_report(title: str, board: Board, source: Path) -> str:
     if board.ranking["stale"].any():
         lines.append("(stale): the solution's folder now holds other content than these results measured.")
     if board.results["host_bound"].any():
-        lines.append(f"host-bound: the worker was issuing calls for {HOST_BOUND_SHARE:.0%} or more of each timed batch, "
+        lines.append(f"host-bound: the worker reported issuing calls for {HOST_BOUND_SHARE:.0%} or more of each timed batch, "
                      "so the device waited on the host and the figure is the host's time per call (Python, launches, "
                      "waits on the device inside the call), which varies from run to run.")
     table = benchmark_table(board)

@@ -108,6 +108,11 @@ class Arena:
         is untrusted: it must open, and the allocation must hold the whole layout."""
         if handle.kind != "cuda_ipc":
             raise ValueError(f"an arena of kind {handle.kind} cannot be exported by a worker")
+        # Every view the judge makes lies at this offset: one off alignment puts its float tensors at odd
+        # addresses, and the judge's first fill of them faults with a sticky CUDA error that ends the runner.
+        if handle.offset < 0 or handle.offset % ALIGNMENT:
+            raise ValueError(f"the exported arena starts at offset {handle.offset} of its allocation; it must be "
+                             f"a non-negative multiple of {ALIGNMENT}")
         index = torch.device(device).index or 0
         _current_context(index)
         base = ctypes.c_uint64()

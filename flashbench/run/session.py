@@ -291,14 +291,13 @@ class _Job:
         keys: with keyed read passes (recipe.L2Flush) another number means the passes were skipped, shortened
         or run on other data, and the call's queries were not the judge's. The judge's run of the batch's
         steps (steps_ms) keyed each flush by the links the worker reported (checked against its outputs:
-        reject_unfinished_outputs), so it has the judge's number for every call, not only the picked ones."""
-        if not self.session.flush.keyed:
-            return
+        reject_unfinished_outputs), so it has the judge's number for every call, not only the picked ones. A
+        flush without read passes returns the link it was given, and must have reported that."""
         for k, (call, mine, theirs) in enumerate(zip(batch.calls, baseline.flushed, reported)):
             if call.seed is not None and mine != theirs:
                 raise _Stop(self.rejected(f"the L2 flush before call {k + 1} of timed batch {b + 1} did not return "
-                                          "what its keyed reads give: the flush was skipped, shortened or run on "
-                                          "other data"))
+                                          "what the judge's own gives (its keyed reads, or the link it was given): "
+                                          "the flush was skipped, shortened or run on other data, or misreported"))
 
     def steps_ms(self, baseline: Baseline, batch: Batch, links: list[int | None] | None = None) -> float:
         """The judge's own time for the batch's steps, taken while the worker's sandbox is stopped: a process
@@ -495,7 +494,9 @@ class _Job:
         """The median, over the timed batches, of the worker's time to issue a batch over the judge's time
         for it: near 1, the host bounded the batch and the judge's clock read host time, not the device's.
         The worker's word, recorded to explain a figure; nothing is decided by it."""
-        shares = [issue / batch for issue, batch in zip(self.times.issue_ms, self.times.batch_ms) if batch > 0]
+        # Never above 1: the worker issues a batch within the judge's time for it, whatever it reports.
+        shares = [min(issue / batch, 1.0) for issue, batch in zip(self.times.issue_ms, self.times.batch_ms)
+                  if batch > 0]
         return statistics.median(shares) if shares else None
 
     def rejected(self, message: str) -> JobOutcome:

@@ -485,18 +485,18 @@ def test_the_first_failing_check_is_named(definition):
 
 def test_a_pass_records_the_worst_error_of_any_checked_call(definition):
     right = outputs()
-    close = {"output": right["output"], "lse": right["lse"] + 1e-3}  # within the tolerance
+    close = {"output": right["output"], "lse": right["lse"] + 5e-4}  # within the tolerance
     stand_in = checked(definition, *[(f"input set {i}", right, right) for i in range(3)],
                        ("the repeated call", right, right), ("timed call 2 of 8", close, right))
     verdict = stand_in.check_outputs()
     assert verdict.passed
-    assert verdict.errors["lse"].max_abs_error == pytest.approx(1e-3, rel=1e-2)  # not the first call's 0
+    assert verdict.errors["lse"].max_abs_error == pytest.approx(5e-4, rel=2e-2)  # not the first call's 0
     assert verdict.errors["output"].max_abs_error == 0.0
 
 
 def test_the_repeated_call_must_match_the_first(definition):
     right = outputs()
-    drifted = {"output": right["output"], "lse": right["lse"] + 1e-3}  # within tolerance of the reference
+    drifted = {"output": right["output"], "lse": right["lse"] + 5e-4}  # within tolerance of the reference
     stand_in = checked(definition, *[(f"input set {i}", right, right) for i in range(3)],
                        ("the repeated call", drifted, right))
     assert stand_in.check_outputs().passed  # within the tolerance: close enough to agree

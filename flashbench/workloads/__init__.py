@@ -110,8 +110,10 @@ def whole_redrawn(definition: Definition, names: list[str]) -> list[str]:
 
 
 # A call's fresh data: all of a random input up to this size, else a window this large at an offset
-# drawn from the call's seed. A cache of earlier results, or of anything derived from an input, then
-# misses part of every call's changes unless it reads the whole input again.
+# drawn from the call's seed. A cache of earlier results misses part of every call's changes unless it
+# reads the whole input again. The worker writes the windows, so it knows where they fall: a copy derived
+# from an input (a KV cache in fewer bits) can be kept and refreshed where they land; the tolerances bound
+# how lossy such a copy may be (docs/threat_model.md, class 4).
 REDRAW_WINDOW_BYTES = 1 << 20
 
 

@@ -5,6 +5,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -482,6 +483,21 @@ def test_a_fib_solution_json_runs_as_a_solution_folder(imported, dataset, tmp_pa
     assert result.exit_code == 0, result.output
     [path] = (tmp_path / "traces").glob(f"*/{DEF}.jsonl")
     assert {t.solution: t.status for t in read_traces(path)} == {"reference": "PASSED", "py_loop": "PASSED"}
+
+
+def test_a_fib_solution_json_runs_its_own_files_whatever_its_folder_holds(tmp_path):
+    """The folder a JSON is made into is named by 64 bits of its hash (two files made to share them: minutes of
+    two cores, threat model class 10) and was used again on its name alone: the second JSON of a colliding
+    pair ran the first one's code, and its trace, content hash and all, said so."""
+    into = tmp_path / "materialised"
+    sources = {name: f"def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):\n    return {name!r}\n"
+               for name in ("correct", "wrong")}
+    correct = write(tmp_path / "correct.json", solution("x", "eve", "python", {"main.py": sources["correct"]}, "main.py::run"))
+    wrong = write(tmp_path / "wrong.json", solution("x", "eve", "python", {"main.py": sources["wrong"]}, "main.py::run"))
+    made = solution_from_fib_json(wrong, into)
+    shutil.rmtree(made)  # what the correct JSON leaves there when its name is the wrong one's
+    shutil.copytree(solution_from_fib_json(correct, into), made)
+    assert (solution_from_fib_json(wrong, into) / "main.py").read_text() == sources["wrong"]
 
 
 def test_a_fib_solution_json_that_cannot_run_here_says_why(dataset, tmp_path):

@@ -88,3 +88,36 @@ def test_a_failure_reported_from_a_call_is_not_run_again(repo_copy, shared_cache
     again = runner.run(runner.candidates(folders)[1:], workloads)
     assert [t.solution for t in again.skipped] == ["reports_missing_toolchain"]
     assert [(t.solution, t.status) for t in again.traces] == [("missing_dep", "MISSING_DEPENDENCY")]
+
+
+def test_a_pass_under_looser_checks_runs_again(fresh_repo, shared_cache, tmp_path):
+    """A red team: the lse tolerance was tightened (1e-2 -> 1e-3) to fail a lossy copy of the KV caches, but a
+    --resume kept the PASSED the lossy solution had recorded under the old tolerance (keyed by its content hash
+    and the workload only): the definition's checks, like the flush and the seeds, are part of what a time
+    was measured as."""
+    definition_file = fresh_repo / "definitions" / "mla_paged" / f"{DEFINITION}.yaml"
+    strict = definition_file.read_text()
+    assert "lse: {atol: 1.0e-3, rtol: 0.0}" in strict
+    definition_file.write_text(strict.replace("lse: {atol: 1.0e-3, rtol: 0.0}", "lse: {atol: 1.0e-2, rtol: 1.0e-3}"))
+    lossy = tmp_path / "lossy"
+    lossy.mkdir()
+    (lossy / "honest.py").write_text(
+        (Path(__file__).parents[1] / "solutions" / DEFINITION / "torch_vectorized" / "kernel.py").read_text())
+    (lossy / "kernel.py").write_text("from honest import run as _run\n\n\ndef run(*args):\n"
+                                     "    output, lse = _run(*args)\n    return output, lse + 5e-3\n")
+    (lossy / "solution.yaml").write_text(f"name: lossy\ndefinition: {DEFINITION}\nauthor: tests\nlanguage: python\n"
+                                         "entry_point: kernel.py::run\ndestination_passing_style: false\n"
+                                         "dependencies: [torch]\n")
+
+    def run():
+        repo = Repo(fresh_repo)
+        runner = Runner(repo, DEFINITION, RunOptions(device="cpu", iters=2, warmup=0, timeout=30.0, resume=True,
+                                                     trace_dir=tmp_path / "traces", cache_dir=shared_cache))
+        folders = select_solutions(repo, DEFINITION, [str(lossy)])
+        return runner.run(runner.candidates(folders)[1:], select_workloads(repo, DEFINITION, ["smoke_mixed"], "cpu"))
+
+    assert [t.status for t in run().traces] == ["PASSED"]
+    definition_file.write_text(strict)
+    again = run()
+    assert again.skipped == []
+    assert [t.status for t in again.traces] == ["INCORRECT_NUMERICAL"]

@@ -140,6 +140,24 @@ PROBE = textwrap.dedent(r'''
         return {"connect": outcome(lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=5).close())}
 
 
+    def connect_unix(path):
+        """A host daemon's Unix socket by its path (a read-only mount does not stop connect), with a stream
+        socket of its own, and with a datagram socketpair's end re-pointed at it (sendto)."""
+        def stream():
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.settimeout(5)
+                client.connect(path)
+
+        def datagram():
+            one, two = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            with one, two:
+                one.sendto(b"x", path + ".dgram")
+        # io_uring's IORING_OP_SOCKET and IORING_OP_CONNECT make the same calls where no filter sees them:
+        # with no io_uring, the setup answers ENOSYS (a NULL params pointer otherwise gives EFAULT).
+        io_uring = libc_outcome(libc.syscall, ctypes.c_long(425), ctypes.c_long(1), None)
+        return {"stream": outcome(stream), "datagram": outcome(datagram), "io_uring": io_uring}
+
+
     def environment():
         return dict(os.environ)
 
@@ -480,6 +498,23 @@ def test_the_network_is_out_of_reach_only_in_namespaces(probe_dir, isolation):
         found = run_probe(probe_dir, isolation, sandbox.SandboxSpec(), "connect", listener.getsockname()[1])
 
     assert (found["connect"] == "ok") == (isolation == "process")
+
+
+def test_a_host_daemons_unix_socket_is_out_of_reach_in_namespaces(probe_dir, namespaces, host_dir):
+    """A pathname Unix socket is no part of the net namespace: one of the runner's daemons (systemd's user
+    bus under /run/user, docker.sock, an agent) listening outside the hidden folders would hear the worker,
+    as the runner's uid, and could act for it outside the sandbox."""
+    stream_path = str(host_dir / "daemon.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as datagrams:
+        listener.bind(stream_path)
+        listener.listen()
+        datagrams.bind(stream_path + ".dgram")
+        found = run_probe(probe_dir, namespaces, sandbox.SandboxSpec(), "connect_unix", stream_path)
+
+    assert found["stream"] != "ok" and found["datagram"] != "ok", found
+    if os.uname().machine == "x86_64":  # the seccomp filter's
+        assert found["io_uring"] == "ENOSYS", found
 
 
 def test_a_pth_file_planted_in_the_workers_home_never_runs(probe_dir, isolation, tmp_path):

@@ -180,9 +180,16 @@ def solution_from_fib_json(path: Path, into: Path) -> Path:
         plan = plan_folder(record, inline_shared=True)
     except ValueError as exc:
         raise FlashbenchError(f"cannot run this solution here: {exc}", path) from None
-    folder = Path(into) / hashlib.sha256(path.read_bytes()).hexdigest()[:16] / plan.name
+    # 128 bits of the JSON's hash, and a folder made before is used again only while it holds what this JSON
+    # makes, byte for byte: two JSONs made to share a name (64 bits collide in minutes) would run each other's code.
+    folder = Path(into) / hashlib.sha256(path.read_bytes()).hexdigest()[:32] / plan.name
     if (folder / "solution.yaml").is_file():
-        return folder
+        try:
+            if same_files(folder, plan):
+                return folder
+        except FlashbenchError:  # a folder the judge will not read (build.walk_folder): made again
+            pass
+        shutil.rmtree(folder, ignore_errors=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=folder.parent))
     try:

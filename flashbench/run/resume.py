@@ -17,7 +17,8 @@ def settled(trace: Trace, isolation: str | None = None, timing: dict | None = No
     whether the seeds were public). A record made with its worker less isolated than the run's is run
     again: a solution that cheats only where it can see other processes kept such a record, and the run
     said its workers were isolated more strongly. So is a time measured otherwise: after another flush,
-    or on inputs whose seeds were public (known to the solution before it ran)."""
+    on inputs whose seeds were public (known to the solution before it ran), or judged by other checks (the
+    definition's tolerances or reference changed, or another number of checked calls)."""
     if trace.status == RUN_AGAIN:
         return False
     if isolation is not None and _strength(trace.isolation) < _strength(isolation):

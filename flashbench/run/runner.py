@@ -6,6 +6,8 @@ code runs only in sandboxed worker processes; the judging (run/session.py, run/j
 outside them.
 """
 
+import functools
+import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -173,9 +175,22 @@ class Runner:
 
     def _measured_as(self) -> dict:
         """What a timed result records of how this run measured it, and `--resume` asks of a record it keeps:
-        whether the seeds were public, and on a GPU the L2 flush."""
+        whether the seeds were public, on a GPU the L2 flush, and what judged its outputs (the definition's
+        checks and its reference, and how many timed calls were checked): a pass under a looser tolerance, or
+        with no timed call checked, is no pass now."""
         return {"seeds": "public" if self.options.seed is not None else "secret",
-                **({"l2_flush": flush_label(self.options.flush)} if self.options.on_gpu else {})}
+                **({"l2_flush": flush_label(self.options.flush)} if self.options.on_gpu else {}),
+                "checks": self._checks_digest, "checked_calls_asked": self.options.checked_calls}
+
+    @functools.cached_property
+    def _checks_digest(self) -> str:
+        """A hash of what decides whether a solution's outputs pass: the definition but for its words (description,
+        tags) and cost model, and its reference's source."""
+        definition = self.definition.model_dump_json(exclude={"description", "tags", "cost"})
+        reference = self.definition.reference
+        if self.definition.reference_is_path:
+            reference = (self.repo.root / reference).read_text()
+        return hashlib.sha256(f"{definition}\0{reference}".encode()).hexdigest()[:16]
 
     def _cost(self, workload: Workload):
         """Bytes and FLOPs of a workload, evaluated once per run (its index structure is fixed)."""

@@ -28,6 +28,7 @@ import resource
 import runpy
 import signal
 import site
+import socket
 import stat
 import subprocess
 import sys
@@ -88,6 +89,7 @@ SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
 AUDIT_ARCH_X86_64, X32_SYSCALL_BIT = 0xC000003E, 0x40000000
 BPF_AND_K = 0x54
+AF_VSOCK, SOCKET_TYPE_MASK = 40, 0xF  # socket.h: SOCK_NONBLOCK and SOCK_CLOEXEC share the type's word
 # (syscall number, conditions (argument, mask or None, value) that must all hold, errno returned): the
 # calls that name SIGCONT (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
 # pidfd_send_signal; fcntl F_SETSIG, prctl PR_SET_PDEATHSIG, clone's exit signal), and ptrace. clone3 takes
@@ -100,6 +102,15 @@ SECCOMP_RULES = [
     (56, [(0, 0xFF, signal.SIGCONT)], errno.EPERM),  # clone with SIGCONT as the exit signal
     (435, [], errno.ENOSYS),  # clone3
     (101, [], errno.EPERM),  # ptrace
+    # Unix sockets by path: a net namespace does not hold them, and a read-only mount does not stop a
+    # connect, so a daemon of the runner's uid (systemd's user bus, docker.sock, an agent) listening outside
+    # the hidden folders would hear the worker as the runner. No socket(AF_UNIX) (a socketpair, which reaches
+    # no path, stays, but for datagrams: sendto re-points one), no AF_VSOCK (the host of a VM, no namespace
+    # holds it), and no io_uring, whose socket and connect operations are no system calls a filter sees.
+    (41, [(0, None, socket.AF_UNIX)], errno.EACCES),  # socket
+    (41, [(0, None, AF_VSOCK)], errno.EACCES),
+    (53, [(0, None, socket.AF_UNIX), (1, SOCKET_TYPE_MASK, socket.SOCK_DGRAM)], errno.EACCES),  # socketpair
+    (425, [], errno.ENOSYS),  # io_uring_setup
 ]
 
 
@@ -234,15 +245,16 @@ def _seccomp_program() -> list[tuple[int, int, int, int]]:
             checks.append((BPF_LD_W_ABS, 0, 0, 16 + 8 * argument))
             if mask is not None:
                 checks.append((BPF_AND_K, 0, 0, mask))
-            checks.append((BPF_JEQ_K, 0, "allow", value))
+            checks.append((BPF_JEQ_K, 0, "next", value))
+        # A condition that does not hold goes on to the next rule (one system call may have several), at the
+        # reload of the syscall number that follows this rule's refusal.
+        checks = [(code, jt, len(checks) - index if jf == "next" else jf, k)
+                  for index, (code, jt, jf, k) in enumerate(checks)]
         rule = checks + [(BPF_RET_K, 0, 0, _refusal(refusal))]
         program.append((BPF_JEQ_K, 0, len(rule) + 1, number))  # not this syscall: past the rule and the reload
         program += rule
         program.append((BPF_LD_W_ABS, 0, 0, 0))  # the syscall number again, for the next rule
-    allow = len(program)
-    resolved = [(code, jt, allow - index - 1 if jf == "allow" else jf, k)
-                for index, (code, jt, jf, k) in enumerate(program)]
-    return resolved + [(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW)]
+    return program + [(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW)]
 
 
 def _refusal(error: int) -> int:

@@ -11,6 +11,11 @@ from .errors import FlashbenchError
 from .model import Definition
 
 
+def reference_source(definition: Definition, root: Path) -> str:
+    """The reference's Python source: the file it names under `root`, or the text the definition embeds."""
+    return (root / definition.reference).read_text() if definition.reference_is_path else definition.reference
+
+
 def load_reference(definition: Definition, root: Path, definition_file: Path | None = None) -> Callable:
     """The reference's `run`, checked against the definition's inputs."""
     where = definition_file or definition.name

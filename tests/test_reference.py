@@ -7,7 +7,7 @@ import pytest
 
 from flashbench import FlashbenchError, Repo
 from flashbench.model import Definition, load_model
-from flashbench.reference import check_signature, load_reference
+from flashbench.reference import check_signature, load_reference, reference_source
 from flashbench.registry import load_definition_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,6 +119,13 @@ def test_embedded_reference_problems(repo_root):
             load_reference(embedded, repo_root, "where.json")
         assert info.value.file == "where.json" and info.value.field == "reference"
         assert fragment in info.value.message
+
+
+def test_the_reference_source_is_the_named_file_or_the_embedded_text(repo_root):
+    definition = load_model(Definition, definition_path(repo_root))
+    assert reference_source(definition, repo_root) == reference_path(repo_root).read_text()
+    embedded = definition.model_copy(update={"reference": "def run():\n    pass\n"})
+    assert reference_source(embedded, repo_root) == "def run():\n    pass\n"
 
 
 def test_check_signature_accepts_exact_parameters_only():

@@ -45,6 +45,7 @@ from ..binding import BindingError, bind_axes
 from ..errors import FlashbenchError
 from ..model import REFERENCE, Definition, Trace, Workload
 from ..model.workload import SafetensorsInput, ScalarInput
+from ..reference import reference_source
 from ..registry import Repo, SolutionFolder
 from ..traces import TIMING_METHODS, trace_file_name
 from ..workloads import generate_inputs
@@ -141,8 +142,7 @@ class DefinitionExport:
         self.export_traces()
 
     def reference(self) -> str:
-        d = self.definition
-        return (self.repo.root / d.reference).read_text() if d.reference_is_path else d.reference
+        return reference_source(self.definition, self.repo.root)
 
     def workload_version(self) -> int | None:
         workload_set = self.repo.workload_set(self.definition.name)

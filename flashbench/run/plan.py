@@ -11,6 +11,7 @@ from ..build import CACHE_DIR_NAME, HASH_LENGTH, FolderError, content_hash, is_d
 from ..errors import FlashbenchError
 from ..model import REFERENCE, Definition, Solution, Workload
 from ..model.solution import SHARED_FOLDER
+from ..reference import reference_source
 from ..registry import Repo, SolutionFolder, case_twin, case_twin_among, load_solution_folder
 from .judge.evaluators import reference_sampler_source
 
@@ -197,7 +198,7 @@ def _kept_link(link: Path, source: Path) -> str:
 def reference_candidate(repo: Repo, definition: Definition, cache_dir: Path) -> Candidate:
     """The reference as a solution folder of its own, so it is timed exactly like the others."""
     entry = repo.definition_files[definition.name]
-    source = (repo.root / definition.reference).read_text() if definition.reference_is_path else definition.reference
+    source = reference_source(definition, repo.root)
     if definition.evaluator.kind == "sampling":  # its reference returns distributions: as a candidate it samples them
         source += reference_sampler_source(definition)
     digest = hashlib.sha256(source.encode()).hexdigest()[:HASH_LENGTH]

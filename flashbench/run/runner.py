@@ -22,6 +22,7 @@ from ..cost import evaluate_cost
 from ..environment import hardware_name
 from ..errors import FlashbenchError
 from ..model import REFERENCE, Performance, Trace, Workload
+from ..reference import reference_source
 from ..registry import Repo, SolutionFolder
 from ..traces import read_traces, trace_path
 from ..workloads import generate_inputs
@@ -187,9 +188,7 @@ class Runner:
         """A hash of what decides whether a solution's outputs pass: the definition but for its words (description,
         tags) and cost model, and its reference's source."""
         definition = self.definition.model_dump_json(exclude={"description", "tags", "cost"})
-        reference = self.definition.reference
-        if self.definition.reference_is_path:
-            reference = (self.repo.root / reference).read_text()
+        reference = reference_source(self.definition, self.repo.root)
         return hashlib.sha256(f"{definition}\0{reference}".encode()).hexdigest()[:16]
 
     def _cost(self, workload: Workload):

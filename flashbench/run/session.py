@@ -358,18 +358,17 @@ class _Job:
         if not isinstance(self.unless_failed(reply), BatchDone):
             raise _Stop(self.rejected("the worker's reply does not match the batch it was sent"))
         # Copies taken now, nothing written later counts: the picked calls' outputs.
-        linked = set(linked_calls(calls))
         read = {k: {name: tensor.clone() for name, tensor in self.arena_slots[calls[k].slot].items()} for k in picked}
         # And every linked call's link, from the outputs the call before it left in its slot (each call of a batch
         # has a slot of its own): checked for every call alike, not only the picked ones.
-        order = sorted(linked)
-        expected_links = dict(zip(order, link_values(
-            [output_link(list(self.arena_slots[calls[k - 1].slot].values())) for k in order])))
+        linked = linked_calls(calls)
+        expected_links = dict(zip(linked, link_values(
+            [output_link(list(self.arena_slots[calls[k - 1].slot].values())) for k in linked])))
         self.reject_leftovers()
         times = self.unless_failed(self.deadline.ask(self.worker, ReadTimes()))
         if not isinstance(times, CallTimes) or {len(times.event_ms), len(times.links), len(times.flushed)} != {len(calls)}:
             raise _Stop(self.rejected("the worker's times do not match the batch it was sent"))
-        links = [times.links[k] if k in linked else None for k in range(len(calls))]
+        links = [times.links[k] if k in expected_links else None for k in range(len(calls))]
         self.replay(batch, links, times.flushed)
         self.history.append((batch, links, times.flushed))
         self.reject_changed_inputs()

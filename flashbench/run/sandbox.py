@@ -104,12 +104,15 @@ SECCOMP_RULES = [
     (101, [], errno.EPERM),  # ptrace
     # Unix sockets by path: a net namespace does not hold them, and a read-only mount does not stop a
     # connect, so a daemon of the runner's uid (systemd's user bus, docker.sock, an agent) listening outside
-    # the hidden folders would hear the worker as the runner. No socket(AF_UNIX) (a socketpair, which reaches
-    # no path, stays, but for datagrams: sendto re-points one), no AF_VSOCK (the host of a VM, no namespace
-    # holds it), and no io_uring, whose socket and connect operations are no system calls a filter sees.
-    (41, [(0, None, socket.AF_UNIX)], errno.EACCES),  # socket
-    (41, [(0, None, AF_VSOCK)], errno.EACCES),
+    # the hidden folders would hear the worker as the runner. A socket reaches an address by connect, or,
+    # for datagrams, by sendto on its own: no connect at all, no Unix datagram socket (socket or
+    # socketpair), no AF_VSOCK (the host of a VM, no namespace holds it), and no io_uring, whose socket and
+    # connect operations are no system calls a filter sees. socket(AF_UNIX) itself must stay: the CUDA
+    # driver's start fails (error 304) where it is refused, and goes on where its connect is.
+    (42, [], errno.EACCES),  # connect
+    (41, [(0, None, socket.AF_UNIX), (1, SOCKET_TYPE_MASK, socket.SOCK_DGRAM)], errno.EACCES),  # socket
     (53, [(0, None, socket.AF_UNIX), (1, SOCKET_TYPE_MASK, socket.SOCK_DGRAM)], errno.EACCES),  # socketpair
+    (41, [(0, None, AF_VSOCK)], errno.EACCES),
     (425, [], errno.ENOSYS),  # io_uring_setup
 ]
 
@@ -217,7 +220,7 @@ def enter(spec: SandboxSpec, isolation: str) -> None:
 
 def _refuse_resuming() -> None:
     """A seccomp filter, for the worker and all it starts: no SIGCONT by a call that names it
-    (SECCOMP_RULES), and no ptrace. The judge stops the sandbox's processes while it times its own steps;
+    (SECCOMP_RULES), no ptrace, and no socket that reaches an address. The judge stops the sandbox's processes while it times its own steps;
     one of them left running, or started between the judge's listing and its signals, could otherwise
     resume the others (or, tracing them, keep SIGSTOP from them). The kernel can still send SIGCONT where
     no filter sees it (a POSIX timer or mq_notify armed with it, an orphaned process group): the judge's

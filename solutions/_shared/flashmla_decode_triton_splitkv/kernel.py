@@ -13,8 +13,8 @@ Work decomposition
     anything), so 0 * garbage never reaches the accumulator.
   * Base-2 online softmax with softmax_scale * log2(e) folded into one multiply; lse is converted to
     natural log on the way out.
-  * Split-KV only when the batch leaves SMs idle: the number of splits is chosen on the host from the
-    batch size and the number of row tiles (never from the lengths, so there is no host sync). With
+  * Split-KV only when the batch leaves SMs idle: the number of splits (the fewest that fill the SMs)
+    is chosen on the host from the batch size and the number of row tiles (never from the lengths, so there is no host sync). With
     one split the kernel writes out / lse directly; otherwise each split writes an fp32 partial and its
     base-2 lse, and a merge kernel combines them.
 """
@@ -155,11 +155,13 @@ def _num_sms(device):
 
 
 def choose_splits(batch, row_tiles, num_sms):
-    """One split when the batch alone fills the SMs; else enough splits for about two programs per SM."""
+    """One split when the batch alone fills the SMs; else the fewest splits that give every SM a
+    program. A second wave of splits costs more than it balances: on an H100 at 16 heads, B=128
+    L=8192 took 459.5 µs with 3 splits and 413.5 µs with 2 (docs/data/decode_variants_h100/)."""
     programs = batch * row_tiles
     if programs >= num_sms:
         return 1
-    return max(1, min(triton.cdiv(2 * num_sms, programs), MAX_SPLITS))
+    return max(1, min(triton.cdiv(num_sms, programs), MAX_SPLITS))
 
 
 def launch(q, k_cache, block_table, cache_seqlens, softmax_scale, out, lse, num_splits=None):

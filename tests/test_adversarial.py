@@ -15,9 +15,11 @@ real attacker would have to guess.
 Entries marked `isolation: namespaces` promise `expected` only at that level. Those with a
 `process_level` verdict sabotage themselves when their attack gets through, so they pass only
 where the sandbox stopped them; where the machine allows namespaces they run once more at level
-"process" (group "unsandboxed"), where `process_level` must hold: the attacks are real. Those
-without one are not run at level process (daemon_double_fork's daemon would escape and disturb
-the entries after it).
+"process" (group "unsandboxed"), where `process_level` must hold: the attacks are real. Where the
+kernel has Landlock, which confines a worker's writes at level process too, an entry's
+`confined_process_level` holds there instead, when it has one (the file-writing attacks, which
+Landlock stops). Those without `process_level` are not run at level process (daemon_double_fork's
+daemon would escape and disturb the entries after it).
 
 Entries marked `cuda` run only where a GPU is present; the others run on the CPU everywhere.
 An entry can be run alone through the CLI (file-aiming ones then aim at nothing):
@@ -43,7 +45,7 @@ import yaml
 from conftest import copy_repo
 
 from flashbench import FlashbenchError, Repo
-from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
+from flashbench.run import RunOptions, Runner, sandbox, select_solutions, select_workloads
 from flashbench.run.recorder import UNTRUSTED_SUFFIX
 from flashbench.traces import read_traces
 
@@ -257,15 +259,18 @@ def test_every_record_has_a_folder_and_every_folder_a_record():
 @pytest.mark.parametrize("name", RECORDS)
 def test_record_is_well_formed(name):
     record = RECORDS[name]
-    assert set(record) <= {"name", "expected", "message", "device", "isolation", "process_level", "min_latency_ms",
-                           "attack"}
+    assert set(record) <= {"name", "expected", "message", "device", "isolation", "process_level",
+                           "confined_process_level", "min_latency_ms", "attack"}
     assert set(acceptable(record)) <= STATUSES | {SELECTION_ERROR}
     assert record["device"] in ("cpu", "cuda")
     assert record.get("isolation", "namespaces") == "namespaces"
-    if "process_level" in record:
-        assert "isolation" in record, "a verdict at level process is only given for entries that need namespaces"
-        assert set(record["process_level"]) <= {"expected", "message"}
-        assert set(acceptable(record["process_level"])) <= STATUSES
+    if "confined_process_level" in record:
+        assert "process_level" in record, "a verdict where writes are confined refines one at level process"
+    for key in ("process_level", "confined_process_level"):
+        if key in record:
+            assert "isolation" in record, "a verdict at level process is only given for entries that need namespaces"
+            assert set(record[key]) <= {"expected", "message"}
+            assert set(acceptable(record[key])) <= STATUSES
     assert record["attack"].strip()
 
 
@@ -274,6 +279,8 @@ def test_record_is_well_formed(name):
 def expectation_for(record: dict, level: str) -> dict | None:
     """What the entry must get at isolation `level`; None where nothing is promised."""
     if record.get("isolation") == "namespaces" and level != "namespaces":
+        if sandbox.confines_writes() and "confined_process_level" in record:
+            return record["confined_process_level"]
         return record.get("process_level")
     return record
 
@@ -411,7 +418,11 @@ def test_foreign_files_in_the_trace_directory_are_set_aside(adversarial_run):
         if result.isolation == "namespaces":
             assert result.untrusted_files == [], group
     if "unsandboxed" in adversarial_run.results:
-        assert adversarial_run.results["unsandboxed"].untrusted_files, "writes_foreign_trace wrote nothing unsandboxed"
+        written = adversarial_run.results["unsandboxed"].untrusted_files
+        if sandbox.confines_writes():
+            assert written == [], "writes_foreign_trace wrote through Landlock at level process"
+        else:
+            assert written, "writes_foreign_trace wrote nothing unsandboxed"
 
 
 def test_a_pickled_reply_runs_no_code_in_the_runner(adversarial_run):

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 from flashbench.run import sandbox
 
@@ -85,6 +86,19 @@ PROBE = textwrap.dedent(r'''
             "direct": mount_attempts(),
             "nested": mount_attempts_in_new_namespaces(),
         }
+
+
+    def writes(host_dir, writable_dir):
+        """Writing, making, truncating, removing and renaming away a host folder's files, and writing a
+        writable folder."""
+        existing = os.path.join(host_dir, "existing")
+        return {"new": outcome(lambda: write(os.path.join(host_dir, "forged"))),
+                "existing": outcome(lambda: write(existing)),
+                "truncate": outcome(lambda: os.truncate(existing, 0)),
+                "mkdir": outcome(lambda: os.mkdir(os.path.join(host_dir, "made"))),
+                "rename": outcome(lambda: os.rename(existing, os.path.join(writable_dir, "taken"))),
+                "remove": outcome(lambda: os.remove(existing)),
+                "writable": outcome(lambda: write(os.path.join(writable_dir, "output")))}
 
 
     def text(path):
@@ -186,6 +200,28 @@ PROBE = textwrap.dedent(r'''
         """Where this interpreter lives, and whether it can start itself again."""
         again = subprocess.run([sys.executable, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True)
         return {"prefix": sys.prefix, "again": again.stdout.strip()}
+
+
+    def write_fifo(path):
+        """A host daemon's named pipe by its path: a read-only mount refuses writes to files, not to pipes."""
+        def write():
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(fd, b"x")
+            finally:
+                os.close(fd)
+        return {"fifo": outcome(write)}
+
+
+    def cuda_starts():
+        """The first CUDA call, as a GPU solution's first launch makes it."""
+        import torch
+        try:
+            torch.zeros(1, device="cuda").add_(1)
+            torch.cuda.synchronize()
+        except Exception as exc:  # anything the driver says is the finding
+            return {"cuda": str(exc).splitlines()[0]}
+        return {"cuda": "ok"}
 
 
     DAEMON = """
@@ -358,6 +394,24 @@ def test_only_the_writable_folders_can_be_written_and_mounts_are_locked(probe_di
     assert not root_file.exists()
 
 
+@pytest.mark.skipif(not sandbox.confines_writes(), reason="the kernel has no Landlock")
+def test_only_the_writable_folders_can_be_written_at_level_process_too(probe_dir, host_dir):
+    """At level process the file system is the runner's: Landlock keeps the worker's writes, makes,
+    removals and renames inside its writable folders."""
+    writable = host_dir / "writable"
+    writable.mkdir()
+    (host_dir / "existing").write_text("the runner's")
+    spec = sandbox.SandboxSpec(writable=(str(writable),))
+
+    found = run_probe(probe_dir, "process", spec, "writes", host_dir, writable)
+
+    assert {key: found[key] for key in found if key != "writable"} == dict.fromkeys(
+        ["new", "existing", "truncate", "mkdir", "rename", "remove"], "EACCES"), found
+    assert found["writable"] == "ok" and (writable / "output").exists()
+    assert (host_dir / "existing").read_text() == "the runner's"
+    assert sorted(os.listdir(host_dir)) == ["existing", "writable"]
+
+
 def test_hidden_folders_show_only_what_is_bound_back_in_them(probe_dir, isolation, host_dir, monkeypatch):
     """A hidden folder (another solution's, the trace directory) is an empty read-only tmpfs inside, but for
     the folders the worker needs from under it; one hidden inside those stays hidden; a working directory
@@ -528,6 +582,30 @@ def test_a_host_daemons_unix_socket_is_out_of_reach(probe_dir, isolation, host_d
 
     assert (found["stream"], found["datagram"], found["datagram_pair"]) == ("EACCES",) * 3, found
     assert found["made"] == "ok" and found["io_uring"] == "ENOSYS", found
+
+
+def test_a_host_daemons_named_pipe_is_out_of_reach(probe_dir, isolation, host_dir):
+    """A named pipe, like a socket, is an endpoint in the file system that a read-only mount leaves open
+    for writing: a daemon of the runner's uid reading one would take the worker's words as the runner's."""
+    path = str(host_dir / "daemon.fifo")
+    os.mkfifo(path, 0o600)
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        found = run_probe(probe_dir, isolation, sandbox.SandboxSpec(), "write_fifo", path)
+        heard = os.read(reader, 16)
+    finally:
+        os.close(reader)
+
+    assert heard == b"" and found["fifo"] != "ok", found
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_cuda_driver_starts_in_the_sandbox(probe_dir, isolation):
+    """Every rule of the sandbox leaves the CUDA driver able to start: it failed with error 304 in every
+    worker while the seccomp filter refused socket(AF_UNIX), which the driver opens at its start."""
+    found = run_probe(probe_dir, isolation, sandbox.SandboxSpec(), "cuda_starts")
+
+    assert found["cuda"] == "ok", found
 
 
 def test_a_pth_file_planted_in_the_workers_home_never_runs(probe_dir, isolation, tmp_path):

@@ -19,7 +19,7 @@ from ..model.run_report import HOST_CLOCK
 from ..model.trace import printable_line
 from ..registry import load_solution_folder
 from ..traces import TIMING_METHODS
-from ..run import RunOptions, RunResult, Runner, install_solution, select_solutions, select_workloads
+from ..run import RunOptions, RunResult, Runner, install_solution, sandbox, select_solutions, select_workloads
 from ..run.plan import check_name_is_its_own
 from ..run.recipe import DEFAULT_FLUSH, FLUSH_METHODS
 from . import INTERRUPTED, console, errors, main, repo_from
@@ -67,7 +67,8 @@ def execute(repo, definition_name, folders, workloads, options) -> tuple[RunResu
     if result.traces:
         print_summary(result.traces)
     if result.isolation:
-        console.print(f"workers isolated at level {result.isolation} (docs/threat_model.md)", highlight=False)
+        confined = "" if sandbox.confines_writes() else "; this kernel has no Landlock: their writes are not confined"
+        console.print(f"workers isolated at level {result.isolation}{confined} (docs/threat_model.md)", highlight=False)
     if result.skipped:
         failed = sum(t.status != "PASSED" for t in result.skipped)
         console.print(f"{len(result.skipped)} pair(s) already recorded were skipped (--resume)"

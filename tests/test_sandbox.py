@@ -213,6 +213,11 @@ PROBE = textwrap.dedent(r'''
         return {"fifo": outcome(write)}
 
 
+    def runner_memory(pid):
+        """Opening a process's memory (another process of the same uid, at level process)."""
+        return {"mem": outcome(lambda: os.close(os.open(f"/proc/{pid}/mem", os.O_RDONLY)))}
+
+
     def cuda_starts():
         """The first CUDA call, as a GPU solution's first launch makes it."""
         import torch
@@ -410,6 +415,15 @@ def test_only_the_writable_folders_can_be_written_at_level_process_too(probe_dir
     assert found["writable"] == "ok" and (writable / "output").exists()
     assert (host_dir / "existing").read_text() == "the runner's"
     assert sorted(os.listdir(host_dir)) == ["existing", "writable"]
+
+
+@pytest.mark.skipif(not sandbox.confines_writes(), reason="the kernel has no Landlock")
+def test_the_runners_memory_is_out_of_reach_at_level_process_too(probe_dir):
+    """At level process the runner's /proc is visible; Landlock lets no process of its domain reach the
+    memory of one outside it (in the PID namespace the runner is not there at all)."""
+    found = run_probe(probe_dir, "process", sandbox.SandboxSpec(), "runner_memory", os.getpid())
+
+    assert found["mem"] == "EACCES", found
 
 
 def test_hidden_folders_show_only_what_is_bound_back_in_them(probe_dir, isolation, host_dir, monkeypatch):

@@ -227,11 +227,12 @@ def enter(spec: SandboxSpec, isolation: str) -> None:
 
 def _refuse_resuming() -> None:
     """A seccomp filter, for the worker and all it starts: no SIGCONT by a call that names it
-    (SECCOMP_RULES), no ptrace, and no socket that reaches an address. The judge stops the sandbox's processes while it times its own steps;
-    one of them left running, or started between the judge's listing and its signals, could otherwise
-    resume the others (or, tracing them, keep SIGSTOP from them). The kernel can still send SIGCONT where
-    no filter sees it (a POSIX timer or mq_notify armed with it, an orphaned process group): the judge's
-    pauses check the CPU time. x86-64 only: elsewhere nothing is filtered (docs/threat_model.md)."""
+    (SECCOMP_RULES), no ptrace, and no socket that reaches an address. The judge stops the sandbox's
+    processes while it times its own steps; one of them left running, or started between the judge's
+    listing and its signals, could otherwise resume the others (or, tracing them, keep SIGSTOP from
+    them). The kernel can still send SIGCONT where no filter sees it (a POSIX timer or mq_notify armed
+    with it, an orphaned process group): the judge's pauses check the CPU time. x86-64 only: elsewhere
+    nothing is filtered (docs/threat_model.md)."""
     if os.uname().machine != "x86_64":
         return
     program = _seccomp_program()

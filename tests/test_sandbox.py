@@ -213,6 +213,40 @@ PROBE = textwrap.dedent(r'''
         return {"fifo": outcome(write)}
 
 
+    def refused_calls(writable_dir, port):
+        """What the seccomp filter refuses beyond sockets by path: keyrings, a Unix SOCK_RAW socket (a
+        datagram socket), TCP Fast Open, leases, set-user-ID and set-group-ID modes."""
+        def fast_open():
+            with socket.socket() as client:
+                client.sendto(b"x", 0x20000000, ("127.0.0.1", int(port)))  # MSG_FASTOPEN
+
+        def lease():
+            with open(os.path.join(writable_dir, "leased"), "w"):
+                pass
+            with open(os.path.join(writable_dir, "leased")) as handle:
+                import fcntl
+                fcntl.fcntl(handle, 1024, fcntl.F_RDLCK)  # F_SETLEASE
+
+        setuid_file = os.path.join(writable_dir, "setuid")
+        return {"keyctl": libc_outcome(libc.syscall, ctypes.c_long(250), ctypes.c_long(0), ctypes.c_long(-3)),
+                "unix_raw": outcome(lambda: socket.socket(socket.AF_UNIX, socket.SOCK_RAW).close()),
+                "fast_open": outcome(fast_open),
+                "lease": outcome(lease),
+                "create_setuid": outcome(lambda: os.close(os.open(setuid_file, os.O_CREAT | os.O_WRONLY, 0o4755))),
+                "create_plain": outcome(lambda: os.close(os.open(setuid_file, os.O_CREAT | os.O_WRONLY, 0o755))),
+                "chmod_setgid": outcome(lambda: os.chmod(setuid_file, 0o2755)),
+                "chmod_plain": outcome(lambda: os.chmod(setuid_file, 0o700))}
+
+
+    def host_reach(runner_pid):
+        """At level process: the host's kernel settings, its /dev/shm, and a signal to the runner."""
+        return {"core_pattern": outcome(lambda: os.close(os.open("/proc/sys/kernel/core_pattern", os.O_WRONLY))),
+                "dev_shm": outcome(lambda: os.close(os.open("/dev/shm/flashbench-sandbox-test-shm",
+                                                            os.O_CREAT | os.O_WRONLY, 0o600))),
+                "signal": outcome(lambda: os.kill(int(runner_pid), 0)),
+                "dev_null": outcome(lambda: write("/dev/null"))}
+
+
     def runner_memory(pid):
         """Opening a process's memory (another process of the same uid, at level process)."""
         return {"mem": outcome(lambda: os.close(os.open(f"/proc/{pid}/mem", os.O_RDONLY)))}
@@ -415,6 +449,40 @@ def test_only_the_writable_folders_can_be_written_at_level_process_too(probe_dir
     assert found["writable"] == "ok" and (writable / "output").exists()
     assert (host_dir / "existing").read_text() == "the runner's"
     assert sorted(os.listdir(host_dir)) == ["existing", "writable"]
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp filter is installed on x86-64 only")
+def test_keyrings_raw_unix_sockets_fast_open_leases_and_setid_modes_are_refused(probe_dir, isolation, tmp_path):
+    """Each a way out the filter missed once: the runner's session keyring (inherited through every
+    namespace), a Unix SOCK_RAW socket (the kernel makes it a datagram one), TCP Fast Open (connects
+    without connect), a lease on a file it can read, and a set-user-ID file of the host's root's."""
+    writable = tmp_path / "writable"
+    writable.mkdir()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        found = run_probe(probe_dir, isolation, sandbox.SandboxSpec(writable=(str(writable),)), "refused_calls",
+                          writable, listener.getsockname()[1])
+
+    assert found["keyctl"] == "EPERM" and found["unix_raw"] == "EACCES" and found["lease"] == "EPERM", found
+    assert found["fast_open"] != "ok", found
+    assert (found["create_setuid"], found["chmod_setgid"]) == ("EPERM", "EPERM"), found
+    assert (found["create_plain"], found["chmod_plain"]) == ("ok", "ok"), found
+
+
+@pytest.mark.skipif(not sandbox.confines_writes(), reason="the kernel has no Landlock")
+def test_the_hosts_settings_shm_and_processes_are_out_of_reach_at_level_process(probe_dir):
+    shm = Path("/dev/shm/flashbench-sandbox-test-shm")
+    try:
+        found = run_probe(probe_dir, "process", sandbox.SandboxSpec(), "host_reach", os.getpid())
+        made = shm.exists()
+    finally:
+        shm.unlink(missing_ok=True)
+
+    assert found["core_pattern"] == "EACCES" and found["dev_shm"] == "EACCES" and not made, found
+    assert found["dev_null"] == "ok", found
+    if sandbox.landlock_abi() >= 6:  # signals scoped to the domain
+        assert found["signal"] == "EPERM", found
 
 
 @pytest.mark.skipif(not sandbox.confines_writes(), reason="the kernel has no Landlock")
@@ -710,3 +778,29 @@ def test_remove_tree_takes_a_folder_deeper_than_the_stack_and_path_max(tmp_path)
     sandbox.remove_tree(top)
     assert not top.exists() and (outside / "kept").read_text() == "x"
     sandbox.remove_tree(top)  # nothing there: no error
+
+
+def test_remove_tree_follows_no_link_swapped_in_for_a_folder_half_way(tmp_path, monkeypatch):
+    """At level process a daemon of the worker's outlives it: it swapped the folder remove_tree had just
+    moved up for a link to another folder, and the runner emptied that one for it."""
+    top, victim = tmp_path / "exchange", tmp_path / "victim"
+    (top / "a" / "b").mkdir(parents=True)
+    (top / "a" / "b" / "f").write_text("x")
+    victim.mkdir()
+    (victim / "precious").write_text("kept")
+    victim.chmod(0o750)
+    real_rename = os.rename
+
+    def rename_then_swap(source, target, **folders):
+        real_rename(source, target, **folders)
+        moved = os.path.join(top, target)
+        if os.path.isdir(moved) and not os.path.islink(moved):
+            real_rename(moved, tmp_path / "taken")  # the daemon takes the folder away and leaves a link
+            os.symlink(victim, moved)
+    monkeypatch.setattr(os, "rename", rename_then_swap)
+
+    sandbox.remove_tree(top)
+
+    assert (victim / "precious").read_text() == "kept" and sorted(os.listdir(victim)) == ["precious"]
+    assert victim.stat().st_mode & 0o777 == 0o750  # not made the runner's own either
+    assert not top.exists()

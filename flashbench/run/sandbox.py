@@ -18,6 +18,7 @@ Stdlib only: this file also runs as a script (`python sandbox.py SPEC ISOLATION 
 that enters the sandbox before anything else is imported, then runs MODULE as __main__.
 """
 
+import contextlib
 import ctypes
 import dataclasses
 import errno
@@ -90,12 +91,15 @@ BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
 AUDIT_ARCH_X86_64, X32_SYSCALL_BIT = 0xC000003E, 0x40000000
 BPF_AND_K = 0x54
 AF_VSOCK, SOCKET_TYPE_MASK = 40, 0xF  # socket.h: SOCK_NONBLOCK and SOCK_CLOEXEC share the type's word
+MSG_FASTOPEN, F_SETLEASE, SETID_BITS = 0x20000000, 1024, stat.S_ISUID | stat.S_ISGID
 # Landlock (linux/landlock.h; the system call numbers are the same on every architecture): the rights that
 # write, make, remove or rename (ABI 1), cross-directory renames and links (ABI 2), truncate (ABI 3).
 SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
 LANDLOCK_CREATE_RULESET_VERSION, LANDLOCK_RULE_PATH_BENEATH = 1, 1
 LANDLOCK_WRITES = sum(1 << bit for bit in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12))
 LANDLOCK_REFER, LANDLOCK_TRUNCATE = 1 << 13, 1 << 14
+LANDLOCK_FILE_RIGHTS = (1 << 1) | LANDLOCK_TRUNCATE  # of these, what a rule for one file may hold: write, truncate
+LANDLOCK_SCOPES = (1 << 0) | (1 << 1)  # ABI 6: abstract Unix sockets and signals stay inside the domain
 # (syscall number, conditions (argument, mask or None, value) that must all hold, errno returned): the
 # calls that name SIGCONT (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
 # pidfd_send_signal; fcntl F_SETSIG, prctl PR_SET_PDEATHSIG, clone's exit signal), and ptrace. clone3 takes
@@ -116,10 +120,25 @@ SECCOMP_RULES = [
     # connect operations are no system calls a filter sees. socket(AF_UNIX) itself must stay: the CUDA
     # driver's start fails (error 304) where it is refused, and goes on where its connect is.
     (42, [], errno.EACCES),  # connect
-    (41, [(0, None, socket.AF_UNIX), (1, SOCKET_TYPE_MASK, socket.SOCK_DGRAM)], errno.EACCES),  # socket
-    (53, [(0, None, socket.AF_UNIX), (1, SOCKET_TYPE_MASK, socket.SOCK_DGRAM)], errno.EACCES),  # socketpair
+    # A Unix socket of any type but stream and seqpacket is a datagram socket (the kernel makes SOCK_RAW one).
+    *((number, [(0, None, socket.AF_UNIX), (1, SOCKET_TYPE_MASK, kind)], errno.EACCES)
+      for number in (41, 53) for kind in range(SOCKET_TYPE_MASK + 1)  # socket, socketpair
+      if kind not in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET)),
     (41, [(0, None, AF_VSOCK)], errno.EACCES),
     (425, [], errno.ENOSYS),  # io_uring_setup
+    # TCP Fast Open: sendto, sendmsg or sendmmsg with MSG_FASTOPEN connects without connect (level process).
+    *((number, [(argument, MSG_FASTOPEN, MSG_FASTOPEN)], errno.EACCES)
+      for number, argument in ((44, 3), (46, 2), (307, 3))),  # sendto, sendmsg, sendmmsg
+    # Keyrings: the session keyring is inherited through every namespace, and the user keyring is shared at
+    # level process: a store of the runner's secrets and a channel between pairs.
+    *((number, [], errno.EPERM) for number in (248, 249, 250)),  # add_key, request_key, keyctl
+    (72, [(1, None, F_SETLEASE)], errno.EPERM),  # a lease stalls another process's open of the file for 45 s
+    # No set-user-ID or set-group-ID file: root mapped to root makes it the host's root's, in a build dir
+    # that lasts (chmod, fchmod, fchmodat, fchmodat2; open, openat, creat with such a mode; mknod, mknodat).
+    *((number, [(argument, SETID_BITS, bits)], errno.EPERM)
+      for number, argument in ((90, 1), (91, 1), (268, 2), (452, 2), (2, 2), (257, 3), (85, 1), (133, 1), (259, 2))
+      for bits in (stat.S_ISUID, stat.S_ISGID, SETID_BITS)),
+    (437, [], errno.ENOSYS),  # openat2: its mode is in memory a filter cannot read; the C library does not use it
 ]
 
 
@@ -268,36 +287,39 @@ def _seccomp_program() -> list[tuple[int, int, int, int]]:
     return program + [(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW)]
 
 
-@functools.cache
 def confines_writes() -> bool:
     """Whether this kernel has Landlock, which keeps a worker's writes inside its writable folders."""
-    return _landlock_version() >= 1
+    return landlock_abi() >= 1
 
 
-def _landlock_version() -> int:
+@functools.cache
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (6 and later also keep signals inside a domain); below 1: none."""
     return _libc().syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0),
                            ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
 
 
 def _write_only_where_allowed(spec: SandboxSpec, isolation: str) -> None:
     """A Landlock domain, for the worker and all it starts: nothing is written, made, removed or renamed
-    outside the directories the worker may write (SandboxSpec.writable), /dev and /proc, and, at level
-    namespaces, its fresh /tmp. A read-only mount refuses writes to files but not to the named pipes and
-    device nodes it shows, which a daemon of the runner's uid may be reading; at level process nothing
-    else kept the worker from the runner's files. Where the kernel has no Landlock (before Linux 5.13,
-    or not enabled) nothing is confined (docs/threat_model.md)."""
-    libc, version = _libc(), _landlock_version()
+    but where `_writable_places` says. A read-only mount refuses writes to files but not to the named
+    pipes and device nodes it shows, which a daemon of the runner's uid may be reading; at level process
+    nothing else kept the worker from the runner's files. Where the kernel allows (Landlock ABI 6), no
+    signal leaves the domain and no abstract Unix socket outside it is reached: at level process the
+    runner and other workers are in reach otherwise. Where the kernel has no Landlock (before Linux
+    5.13, or not enabled) nothing is confined (docs/threat_model.md)."""
+    libc, version = _libc(), landlock_abi()
     if version < 1:
         return
     writes = LANDLOCK_WRITES | (LANDLOCK_REFER if version >= 2 else 0) | (LANDLOCK_TRUNCATE if version >= 3 else 0)
-    attr = _LandlockRuleset(writes)
-    ruleset = libc.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
-                           ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+    attr = _LandlockRuleset(writes, 0, LANDLOCK_SCOPES if version >= 6 else 0)
+    size = ctypes.sizeof(attr) if version >= 6 else ctypes.sizeof(ctypes.c_uint64)  # older kernels know one field
+    ruleset = libc.syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
+                           ctypes.c_uint32(0))
     if ruleset < 0:
         raise SandboxError(f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
     try:
-        for path in (*spec.writable, "/dev", "/proc", *(["/tmp"] if isolation == "namespaces" else [])):
-            if os.path.isdir(path):
+        for path in _writable_places(spec, isolation):
+            if os.path.exists(path):
                 _allow_beneath(ruleset, path, writes)
         _call("prctl(PR_SET_NO_NEW_PRIVS)", libc.prctl, ctypes.c_int(PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1),
               ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
@@ -307,9 +329,21 @@ def _write_only_where_allowed(spec: SandboxSpec, isolation: str) -> None:
         os.close(ruleset)
 
 
+def _writable_places(spec: SandboxSpec, isolation: str) -> list[str]:
+    """Its writable dirs; at level namespaces its own /tmp, /dev and /proc, fresh in its namespaces; at
+    level process, where those are the host's, only the device nodes it needs and its own /proc entry
+    (no host /tmp, /dev/shm, terminal or kernel setting)."""
+    if isolation == "namespaces":
+        return [*spec.writable, "/tmp", "/dev", "/proc"]
+    return [*spec.writable, *(f"/dev/{name}" for name in _kept_devices()), f"/proc/{os.getpid()}"]
+
+
 def _allow_beneath(ruleset: int, path: str, access: int) -> None:
-    directory = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    """A rule for a directory and all beneath it, or for one file (which takes only the rights of files)."""
+    directory = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
+        if not stat.S_ISDIR(os.fstat(directory).st_mode):
+            access &= LANDLOCK_FILE_RIGHTS
         rule = _LandlockPathBeneath(access, directory)
         _call(f"landlock_add_rule for {path}", _libc().syscall, ctypes.c_long(SYS_LANDLOCK_ADD_RULE),
               ctypes.c_int(ruleset), ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0))
@@ -318,7 +352,8 @@ def _allow_beneath(ruleset: int, path: str, access: int) -> None:
 
 
 class _LandlockRuleset(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
 
 
 class _LandlockPathBeneath(ctypes.Structure):
@@ -462,11 +497,17 @@ def _mount_private_tmpfs(size: int) -> None:
         _mount("tmpfs", "/dev/pts", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=755")
 
 
+def _kept_devices() -> list[str]:
+    """The names in /dev of the devices a worker needs."""
+    return [name for name in sorted(os.listdir("/dev"))
+            if name in KEPT_DEVICES or name.startswith(KEPT_DEVICE_PREFIXES)]
+
+
 def _mount_minimal_dev() -> None:
     """A fresh /dev holding only the devices a worker needs, bound from the host's: as root mapped to
     root it could otherwise open the host's other device nodes (its kernel log, consoles, disks), which
     a read-only mount does not protect."""
-    kept = [name for name in sorted(os.listdir("/dev")) if name in KEPT_DEVICES or name.startswith(KEPT_DEVICE_PREFIXES)]
+    kept = _kept_devices()
     held = []
     try:
         for name in kept:
@@ -701,41 +742,59 @@ def _descendants(root: int, parents: dict[int, int]) -> set[int]:
 def remove_tree(path: Path) -> None:
     """Removes a folder a worker could write, and all in it, never raising: without recursion or deep
     paths (a worker can nest folders deeper than Python's stack and than PATH_MAX: each sub-folder is
-    first moved up to the top before it is emptied) and without following links."""
-    top = str(path)
+    first moved up to the top before it is emptied), and through folder descriptors alone, so that a link
+    a process the worker left running swaps in for a folder half-way is removed, never followed."""
+    top = _open_folder(str(path))
+    if top is None:
+        return
     token = os.urandom(6).hex()
-    pending, moved = [top], 0
-    while pending:
-        current = pending.pop()
-        try:
-            os.chmod(current, 0o700)  # a folder the worker made unreadable is still emptied
-        except OSError:
-            pass
-        try:
-            with os.scandir(current) as listing:
-                entries = list(listing)
-        except OSError:
-            entries = []
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    moved += 1
-                    target = os.path.join(top, f".removing-{token}-{moved}")
-                    os.rename(entry.path, target)
-                    pending.append(target)
-                else:
-                    os.unlink(entry.path)
-            except OSError:
-                pass
-        if current != top:
-            try:
-                os.rmdir(current)
-            except OSError:
-                pass
+    pending, moved = [None], 0  # names in the top folder still to empty; None: the top folder itself
     try:
-        os.rmdir(top)
+        while pending:
+            name = pending.pop()
+            folder = top if name is None else _open_folder(name, top)
+            if folder is None:  # no folder any more (a link put in its place): the name alone goes
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=top)
+                continue
+            try:
+                with os.scandir(folder) as listing:
+                    entries = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in listing]
+            except OSError:
+                entries = []
+            for entry, is_folder in entries:
+                with contextlib.suppress(OSError):
+                    if is_folder:
+                        moved += 1
+                        os.rename(entry, f".removing-{token}-{moved}", src_dir_fd=folder, dst_dir_fd=top)
+                        pending.append(f".removing-{token}-{moved}")
+                    else:
+                        os.unlink(entry, dir_fd=folder)
+            if name is not None:
+                os.close(folder)
+                with contextlib.suppress(OSError):
+                    os.rmdir(name, dir_fd=top)
+    finally:
+        os.close(top)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+def _open_folder(name: str, dir_fd: int | None = None) -> int | None:
+    """A descriptor that lists the folder `name` (relative to `dir_fd`), made readable first (a folder the
+    worker made unreadable is still emptied); None where `name` is no folder: a link is not followed."""
+    try:
+        handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
-        pass
+        return None
+    try:
+        with contextlib.suppress(OSError):
+            os.chmod(f"/proc/self/fd/{handle}", 0o700)  # the folder itself: the descriptor holds no link
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=handle)
+    except OSError:
+        return None
+    finally:
+        os.close(handle)
 
 
 def end_sandbox(process: subprocess.Popen, isolation: str) -> None:

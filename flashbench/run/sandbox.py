@@ -92,6 +92,7 @@ AUDIT_ARCH_X86_64, X32_SYSCALL_BIT = 0xC000003E, 0x40000000
 BPF_AND_K = 0x54
 AF_VSOCK, SOCKET_TYPE_MASK = 40, 0xF  # socket.h: SOCK_NONBLOCK and SOCK_CLOEXEC share the type's word
 MSG_FASTOPEN, F_SETLEASE, SETID_BITS = 0x20000000, 1024, stat.S_ISUID | stat.S_ISGID
+O_TMPFILE_BIT = 0o20000000  # fcntl.h: O_TMPFILE is this bit with O_DIRECTORY
 # Landlock (linux/landlock.h; the system call numbers are the same on every architecture): the rights that
 # write, make, remove or rename (ABI 1), cross-directory renames and links (ABI 2), truncate (ABI 3).
 SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
@@ -134,9 +135,13 @@ SECCOMP_RULES = [
     *((number, [], errno.EPERM) for number in (248, 249, 250)),  # add_key, request_key, keyctl
     (72, [(1, None, F_SETLEASE)], errno.EPERM),  # a lease stalls another process's open of the file for 45 s
     # No set-user-ID or set-group-ID file: root mapped to root makes it the host's root's, in a build dir
-    # that lasts (chmod, fchmod, fchmodat, fchmodat2; open, openat, creat with such a mode; mknod, mknodat).
+    # that lasts (chmod, fchmod, fchmodat, fchmodat2, creat, mknod, mknodat; open and openat where they
+    # create, since their mode argument means nothing otherwise).
     *((number, [(argument, SETID_BITS, bits)], errno.EPERM)
-      for number, argument in ((90, 1), (91, 1), (268, 2), (452, 2), (2, 2), (257, 3), (85, 1), (133, 1), (259, 2))
+      for number, argument in ((90, 1), (91, 1), (268, 2), (452, 2), (85, 1), (133, 1), (259, 2))
+      for bits in (stat.S_ISUID, stat.S_ISGID, SETID_BITS)),
+    *((number, [(flags, creating, creating), (flags + 1, SETID_BITS, bits)], errno.EPERM)
+      for number, flags in ((2, 1), (257, 2)) for creating in (os.O_CREAT, O_TMPFILE_BIT)
       for bits in (stat.S_ISUID, stat.S_ISGID, SETID_BITS)),
     (437, [], errno.ENOSYS),  # openat2: its mode is in memory a filter cannot read; the C library does not use it
 ]

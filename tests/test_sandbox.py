@@ -22,7 +22,7 @@ from flashbench.run import sandbox
 PROBE = textwrap.dedent(r'''
     """Runs one check (argv[1]) inside the sandbox and prints what it found as JSON; "wait" checks
     print "ready" first and stay until their stdin closes."""
-    import ctypes, errno, json, os, resource, socket, subprocess, sys, time
+    import ctypes, errno, fcntl, json, os, resource, socket, subprocess, sys, time
 
     MARKER = "flashbench-sandbox-test"
     libc = ctypes.CDLL(None, use_errno=True)
@@ -224,7 +224,6 @@ PROBE = textwrap.dedent(r'''
             with open(os.path.join(writable_dir, "leased"), "w"):
                 pass
             with open(os.path.join(writable_dir, "leased")) as handle:
-                import fcntl
                 fcntl.fcntl(handle, 1024, fcntl.F_RDLCK)  # F_SETLEASE
 
         setuid_file = os.path.join(writable_dir, "setuid")

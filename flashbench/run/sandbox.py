@@ -262,8 +262,7 @@ def _refuse_resuming() -> None:
     program = _seccomp_program()
     filters = (_SockFilter * len(program))(*(_SockFilter(*instruction) for instruction in program))
     fprog = _SockFprog(len(program), filters)
-    _call("prctl(PR_SET_NO_NEW_PRIVS)", _libc().prctl, ctypes.c_int(PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1),
-          ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    _forbid_new_privileges()
     _call("prctl(PR_SET_SECCOMP)", _libc().prctl, ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
           ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0))
 
@@ -326,8 +325,7 @@ def _write_only_where_allowed(spec: SandboxSpec, isolation: str) -> None:
         for path in _writable_places(spec, isolation):
             if os.path.exists(path):
                 _allow_beneath(ruleset, path, writes)
-        _call("prctl(PR_SET_NO_NEW_PRIVS)", libc.prctl, ctypes.c_int(PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1),
-              ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+        _forbid_new_privileges()
         _call("landlock_restrict_self", libc.syscall, ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset),
               ctypes.c_uint32(0))
     finally:
@@ -364,6 +362,13 @@ class _LandlockRuleset(ctypes.Structure):
 class _LandlockPathBeneath(ctypes.Structure):
     _pack_ = 1  # packed in linux/landlock.h
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _forbid_new_privileges() -> None:
+    """What both a seccomp filter and a Landlock domain need from an unprivileged caller (once is enough;
+    each sets it, since the filter is not installed everywhere)."""
+    _call("prctl(PR_SET_NO_NEW_PRIVS)", _libc().prctl, ctypes.c_int(PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1),
+          ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
 
 
 def _refusal(error: int) -> int:
@@ -771,8 +776,9 @@ def remove_tree(path: Path) -> None:
                 with contextlib.suppress(OSError):
                     if is_folder:
                         moved += 1
-                        os.rename(entry, f".removing-{token}-{moved}", src_dir_fd=folder, dst_dir_fd=top)
-                        pending.append(f".removing-{token}-{moved}")
+                        target = f".removing-{token}-{moved}"
+                        os.rename(entry, target, src_dir_fd=folder, dst_dir_fd=top)
+                        pending.append(target)
                     else:
                         os.unlink(entry, dir_fd=folder)
             if name is not None:

@@ -27,8 +27,8 @@ import torch
 
 from flashbench import Repo
 from flashbench.run import select_solutions, select_workloads
-from solution_checks import (check_directly, cut_down, interpreted, kernel_of, load_module, run_through_runner,
-                             solution_file)
+from solution_checks import (SOLUTIONS, check_directly, cut_down, interpreted, kernel_of, load_module,
+                             run_through_runner, solution_file)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFINITIONS = {
@@ -165,8 +165,10 @@ def check_decode_on_nan_tails() -> dict:
     """In the child process, under the interpreter: both Triton kernels, with and without splits
     (triton_balanced with one unit in all, and with units cut to 64 keys so every request splits)."""
     reference = load_module("decode_reference", ROOT / Repo(ROOT).definition(DECODE_H16).reference)
-    splitkv = load_module("decode_triton", solution_file(DECODE_H16, "triton_splitkv"))
-    balanced = load_module("decode_balanced", solution_file(DECODE_H16, "triton_balanced"))
+    splitkv = load_module("decode_triton", solution_file(DECODE_H16, "triton_splitkv", "splitkv.py"),
+                          SOLUTIONS / DECODE_H16 / "triton_splitkv")
+    balanced = load_module("decode_balanced", solution_file(DECODE_H16, "triton_balanced", "balanced.py"),
+                           SOLUTIONS / DECODE_H16 / "triton_balanced")
     variants = {"splitkv 1": (splitkv, {"num_splits": 1}), "splitkv 3": (splitkv, {"num_splits": 3}),
                 "balanced 1": (balanced, {"target_units": 1}), "balanced 64-key units": (balanced, {"target_units": 8, "min_chunk": 64})}
     inputs = nan_tail_case()

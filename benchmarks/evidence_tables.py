@@ -39,6 +39,8 @@ made it. Paths are relative to the repository root; a missing input is a one-lin
                                     (`ncu ... --csv python benchmarks/l2_flush.py --profile > FILE`)
     keyed_flush FILE                the keyed flush's passes and whole flushes (`python benchmarks/keyed_flush.py
                                     --json FILE`)
+    compare FILE                    `benchmarks/flashmla_decode_configs.py compare` log: per workload FlashMLA's
+                                    time and the faster of our two kernels as launched by default, old and new
     rejections FILE_OR_GLOB...      pairs by status for honest solutions (those with a folder under solutions/;
                                     not the reference, not test fixtures), and every REJECTED one
 
@@ -389,6 +391,37 @@ def build_keyed_flush(file):
     return keyed_flush_table(document["records"]), [f"`{rel(path)}`"], {document["device"]}
 
 
+def compare_table(times: dict[str, dict[str, float]]) -> str:
+    """times: workload -> label -> µs, from a compare log; ours are the default launches only."""
+    rows = []
+    for workload, by_label in times.items():
+        best = {}
+        for revision in ("old", "new"):
+            ours = [(us_, label.split()[0]) for label, us_ in by_label.items() if label in (f"splitkv {revision}",
+                                                                                         f"balanced {revision}")]
+            best[revision] = min(ours) if ours else None
+        old, new = best["old"], best["new"]
+        rows.append([workload, us(by_label.get("flashmla")), f"{old[1]}, {us(old[0])}" if old else "—",
+                     f"{new[1]}, {us(new[0])}" if new else "—",
+                     f"{old[0] / new[0]:.2f}x" if old and new else "—"])
+    return markdown(["workload", "FlashMLA (µs)", "ours, old (kernel, µs)", "ours, new (kernel, µs)",
+                     "new / old speed"], rows)
+
+
+def build_compare(file):
+    path = need(path_of(file))
+    times: dict[str, dict[str, float]] = {}
+    device = set()
+    for line in path.read_text().splitlines():
+        if line.startswith("# device: "):
+            device.add(line.removeprefix("# device: ").strip())
+        elif found := re.match(r"(\S+)\s+(.+?)\s+([0-9.]+) us", line):
+            times.setdefault(found[1], {})[found[2].strip()] = float(found[3])
+    if not times:
+        raise FlashbenchError(f"{rel(path)}: no timed lines")
+    return compare_table(times), [f"`{rel(path)}`"], device
+
+
 def build_flush_profile(file):
     """Nsight Compute's --csv output: the program's first JSON line (what it profiled, in order), then
     one row per (kernel launch, metric)."""
@@ -516,7 +549,7 @@ BUILDERS = {"flush": build_flush, "clocks": build_clocks, "adversarial": build_a
             "events_graph": build_events_graph, "repeat": build_repeat, "repeat_events": build_repeat_events,
             "moved": build_moved,
             "rejections": build_rejections, "clock_excess": build_clock_excess, "steps": build_steps,
-            "flush_profile": build_flush_profile, "keyed_flush": build_keyed_flush}
+            "flush_profile": build_flush_profile, "keyed_flush": build_keyed_flush, "compare": build_compare}
 
 
 def usage(name: str) -> str:

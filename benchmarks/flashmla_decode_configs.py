@@ -8,17 +8,24 @@ with `triton.testing.do_bench` (its own L2 flush, a write) FlashMLA (when instal
   defaults both kernels as they launch themselves, on every workload but the smoke ones
   units    `triton_balanced` with several unit counts, on variable-length and skewed batches
   splits   `triton_splitkv` with 32-264 key splits, on the single-request workloads
+  compare  both kernels as they were at git revision --against ("old") and as they are ("new"), with
+           more key splits, half-block key tiles (block_n=32) and other unit counts beside
 
 Prints one line per setting: workload, kernel, setting, µs, and the largest difference from
 FlashMLA's output. The logs under docs/data/decode_variants_h100/ were made by it (those before
 8e41a14's successor by its first form, which made inputs of its own with the same shapes).
 
     python benchmarks/flashmla_decode_configs.py {configs,defaults,units,splits}
+    python benchmarks/flashmla_decode_configs.py compare --against REV
 """
 
 import argparse
 import importlib.util
+import io
+import subprocess
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 import torch
@@ -36,23 +43,46 @@ SPLITS = (1, 2, 4, 6, 8)
 MANY_SPLITS = (32, 64, 132, 264)
 UNITS = (None, 66, 132, 198, 264, 396, 528)
 SKEWED = "b32_skewed_65536_31x1024_sq2"
+EXTRACTED: list[tempfile.TemporaryDirectory] = []  # older revisions' kernels, kept while their modules are in use
 WORKLOADS = {
     "configs": ["b128_l8192_sq1", "b128_l8192_sq2", "b128_l4096_sq2", "b64_captured_sq2", SKEWED],
     "units": ["b128_var8192_sq1", "b128_var8192_sq2", "b128_var4096_sq2", SKEWED],
     "splits": ["b1_l32768_sq1", "b1_l131072_sq2"],
+    "compare": ["b1_l32768_sq1", "b1_l131072_sq2", SKEWED, "b128_var8192_sq2", "b128_var4096_sq2", "b128_var8192_sq1",
+                "b64_captured_sq2", "b128_l4096_sq2", "b128_l8192_sq1"],
 }
 
 
-def load(folder: str, file: str = "kernel.py"):
-    """A module of a shared folder, importing its siblings as a staged solution does."""
-    spec = importlib.util.spec_from_file_location(f"{folder}.{file}", SHARED / folder / file)
+def load(folder: str, file: str = "kernel.py", shared: Path = SHARED):
+    """A module of a shared folder, importing its siblings as a staged solution does (and afresh for
+    each load, so that two revisions' siblings of one name do not mix)."""
+    where = shared / folder
+    spec = importlib.util.spec_from_file_location(f"{where}/{file}", where / file)
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(SHARED / folder))
+    sys.path.insert(0, str(where))
     try:
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(SHARED / folder))
+        sys.path.remove(str(where))
+        siblings = [name for name, loaded in sys.modules.items()
+                    if str(getattr(loaded, "__file__", "")).startswith(str(where))]
+        for name in siblings:
+            del sys.modules[name]
     return module
+
+
+def kernels_at(revision: str) -> tuple:
+    """(splitkv, balanced) as they were at `revision`, in either layout the repository has had."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "solutions/_shared"],
+                             capture_output=True, check=True).stdout
+    folder = tempfile.TemporaryDirectory(prefix="flashmla_decode_")  # removed when the script ends
+    EXTRACTED.append(folder)
+    shared = Path(folder.name) / "solutions" / "_shared"
+    tarfile.open(fileobj=io.BytesIO(archive)).extractall(shared.parents[1], filter="data")
+    if (shared / "flashmla_decode_triton").is_dir():
+        return (load("flashmla_decode_triton", "splitkv.py", shared),
+                load("flashmla_decode_triton", "balanced.py", shared))
+    return load("flashmla_decode_triton_splitkv", shared=shared), load("flashmla_decode_triton_balanced", shared=shared)
 
 
 class LaunchOverride:
@@ -91,9 +121,15 @@ def microseconds(call) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["configs", "defaults", "units", "splits"])
-    mode = parser.parse_args().mode
+    parser.add_argument("mode", choices=["configs", "defaults", "units", "splits", "compare"])
+    parser.add_argument("--against", metavar="REV", help="compare: the git revision whose kernels are 'old'")
+    options = parser.parse_args()
+    mode = options.mode
+    if (mode == "compare") != (options.against is not None):
+        parser.error("--against goes with compare, and compare needs it")
     repo = Repo(ROOT)
+    print(f"# device: {torch.cuda.get_device_name()}")
+    old_splitkv, old_balanced = kernels_at(options.against) if options.against else (None, None)
     splitkv = load("flashmla_decode_triton", "splitkv.py")
     balanced = load("flashmla_decode_triton", "balanced.py")
     for kernel in (splitkv, balanced):
@@ -104,22 +140,31 @@ def main() -> None:
         print(f"FlashMLA not timed: {missing}")
         flashmla = None
     for workload in workloads(repo, mode):
-        name = workload.name[:18]
+        name = workload.name
         args = inputs(repo, workload)
         expected = None
         if flashmla is not None:
             expected = flashmla.run(*args[:5])[0].float()
-            print(f"{name:18} flashmla                       {microseconds(lambda: flashmla.run(*args[:5])):8.1f} us")
+            print(f"{name:28} {'flashmla':30} {microseconds(lambda: flashmla.run(*args[:5])):8.1f} us")
 
         def timed(label: str, kernel, **options) -> None:
             args[5].fill_(float("nan"))
             time = microseconds(lambda: kernel.launch(*args, **options))
             error = (args[5].float() - expected).abs().max().item() if expected is not None else float("nan")
-            print(f"{name:18} {label:30} {time:8.1f} us  err {error:.3g}")
+            print(f"{name:28} {label:30} {time:8.1f} us  err {error:.3g}")
 
         if mode == "units":
             for units in UNITS:
                 timed(f"balanced target_units={units}", balanced, target_units=units)
+        elif mode == "compare":
+            for label, kernel, launch_options in [
+                    ("splitkv old", old_splitkv, {}), ("splitkv new", splitkv, {}), ("balanced old", old_balanced, {}),
+                    ("balanced new", balanced, {}),
+                    *[(f"splitkv new splits={n}", splitkv, {"num_splits": n})
+                      for n in (132, 264) if args[0].shape[0] == 1],  # q: [batch, s_q, heads, 576]
+                    ("splitkv new bn32", splitkv, {"block_n": 32}), ("balanced new bn32", balanced, {"block_n": 32}),
+                    *[(f"balanced new units={n}", balanced, {"target_units": n}) for n in (132, 396)]]:
+                timed(label, kernel, **launch_options)
         elif mode == "splits":
             timed("splitkv default", splitkv)
             for splits in MANY_SPLITS:

@@ -75,6 +75,27 @@ def test_keyed_flush_lists_each_pass_and_flush_with_its_time():
     assert rows(table) == [["flush read (whole)", "538.5"], ["float32 sum pass", "107.7"]]
 
 
+def test_compare_gives_the_faster_default_kernel_of_each_revision(tmp_path):
+    log = tmp_path / "compare.txt"
+    log.write_text("# device: GPU X\n"
+                   "b1   flashmla          50.0 us\n"
+                   "b1   splitkv old      100.0 us  err 0.1\n"
+                   "b1   splitkv new       90.0 us  err 0.1\n"
+                   "b1   balanced old     120.0 us  err 0.1\n"
+                   "b1   balanced new      80.0 us  err 0.1\n"
+                   "b1   balanced new units=132   10.0 us  err 0.1\n")  # not a default launch: left out
+    table, sources, device = et.build_compare(str(log))
+    assert rows(table) == [["b1", "50.0", "splitkv, 100.0", "balanced, 80.0", "1.25x"]]
+    assert device == {"GPU X"}
+    log.write_text("no timings\n")
+    try:
+        et.build_compare(str(log))
+    except et.FlashbenchError as error:
+        assert "no timed lines" in str(error)
+    else:
+        raise AssertionError("a log without timings gave a table")
+
+
 def test_peers_cells_measured_on_other_content_than_the_folder_holds_now_say_stale():
     traces = [make_trace("flashmla", SMALL, 1.5), make_trace("triton", SMALL, 1.0)]
     hashes = {"flashmla": "flashmla-hash", "triton": "edited since"}

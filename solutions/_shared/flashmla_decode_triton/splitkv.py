@@ -23,7 +23,8 @@ def _decode_kernel(q, k_cache, block_table, cache_seqlens, out, lse, o_part, lse
                    stride_qb, stride_qs, stride_qh, stride_kb, stride_kt, stride_tb,
                    stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
                    H: tl.constexpr, S_Q: tl.constexpr, DV: tl.constexpr, DR: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SPLIT: tl.constexpr,
+                   F32_DOT: tl.constexpr):
     split = tl.program_id(1)
     b = tl.program_id(2)
     length = tl.load(cache_seqlens + b)

@@ -3,17 +3,18 @@
 Makes the inputs of the definition's own workloads (`generate_inputs`, seed 0, on the GPU), then times
 with `triton.testing.do_bench` (its own L2 flush, a write) FlashMLA (when installed) and:
 
-  configs  `triton_splitkv` and `triton_balanced` under each (num_warps, num_stages), and
+  configs  `triton_splitkv`, `triton_balanced` and `triton_flat` under each (num_warps, num_stages), and
            `triton_splitkv` with 1-8 key splits, on uniform and skewed batches
-  defaults both kernels as they launch themselves, on every workload but the smoke ones
+  defaults the three kernels as they launch themselves, on every workload but the smoke ones
   units    `triton_balanced` with several unit counts, on variable-length and skewed batches
   splits   `triton_splitkv` with 32-264 key splits, on the single-request workloads
-  compare  both kernels as they were at git revision --against ("old") and as they are ("new"), with
-           more key splits, half-block key tiles (block_n=32) and other unit counts beside
+  compare  splitkv and balanced as they were at git revision --against ("old") and as they are ("new"),
+           flat, and beside them more key splits, half-block key tiles (block_n=32), other unit counts
 
 Prints one line per setting: workload, kernel, setting, µs, and the largest difference from
-FlashMLA's output. The logs under docs/data/decode_variants_h100/ were made by it (those before
-8e41a14's successor by its first form, which made inputs of its own with the same shapes).
+FlashMLA's output. The logs under docs/data/decode_variants_h100/ were made by it: the configs,
+defaults and units logs by its first form, which made inputs of its own with the same shapes, and
+the compare log by a script with the same variants but flat (which did not exist yet).
 
     python benchmarks/flashmla_decode_configs.py {configs,defaults,units,splits}
     python benchmarks/flashmla_decode_configs.py compare --against REV
@@ -132,7 +133,8 @@ def main() -> None:
     old_splitkv, old_balanced = kernels_at(options.against) if options.against else (None, None)
     splitkv = load("flashmla_decode_triton", "splitkv.py")
     balanced = load("flashmla_decode_triton", "balanced.py")
-    for kernel in (splitkv, balanced):
+    flat = load("flashmla_decode_triton", "flat.py")
+    for kernel in (splitkv, balanced, flat):
         kernel._decode_kernel = LaunchOverride(kernel._decode_kernel)
     try:
         flashmla = load("flashmla_decode_flashmla")
@@ -159,7 +161,7 @@ def main() -> None:
         elif mode == "compare":
             for label, kernel, launch_options in [
                     ("splitkv old", old_splitkv, {}), ("splitkv new", splitkv, {}), ("balanced old", old_balanced, {}),
-                    ("balanced new", balanced, {}),
+                    ("balanced new", balanced, {}), ("flat new", flat, {}),
                     *[(f"splitkv new splits={n}", splitkv, {"num_splits": n})
                       for n in (132, 264) if args[0].shape[0] == 1],  # q: [batch, s_q, heads, 576]
                     ("splitkv new bn32", splitkv, {"block_n": 32}), ("balanced new bn32", balanced, {"block_n": 32}),
@@ -169,7 +171,8 @@ def main() -> None:
             timed("splitkv default", splitkv)
             for splits in MANY_SPLITS:
                 timed(f"splitkv splits={splits}", splitkv, num_splits=splits)
-        for kernel, label in ((splitkv, "splitkv"), (balanced, "balanced")) if mode in ("configs", "defaults") else ():
+        kernels = ((splitkv, "splitkv"), (balanced, "balanced"), (flat, "flat"))
+        for kernel, label in kernels if mode in ("configs", "defaults") else ():
             for warps, stages in WARPS_STAGES if mode == "configs" else [(None, None)]:
                 kernel._decode_kernel.settings = dict(num_warps=warps, num_stages=stages) if warps else {}
                 timed(f"{label} w{warps} s{stages}" if warps else f"{label} default", kernel)

@@ -32,8 +32,10 @@ from solution_checks import (SOLUTIONS, check_directly, cut_down, interpreted, k
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFINITIONS = {
-    "flashmla_decode_causal_h128_ckv512_kpe64_ps64": {"triton_splitkv", "triton_balanced", "torch_vectorized"},
-    "flashmla_decode_causal_h16_ckv512_kpe64_ps64": {"triton_splitkv", "triton_balanced", "torch_vectorized"},
+    "flashmla_decode_causal_h128_ckv512_kpe64_ps64": {"triton_splitkv", "triton_balanced", "triton_flat",
+                                                      "torch_vectorized"},
+    "flashmla_decode_causal_h16_ckv512_kpe64_ps64": {"triton_splitkv", "triton_balanced", "triton_flat",
+                                                      "torch_vectorized"},
     "mha_varlen_prefill_causal_h128_dqk128_dv128": {"triton_fa2", "torch_vectorized"},
     "mha_varlen_prefill_causal_h128_dqk192_dv128": {"triton_fa2", "torch_vectorized"},
 }
@@ -162,15 +164,21 @@ def nan_tail_case(seed=0):
 
 
 def check_decode_on_nan_tails() -> dict:
-    """In the child process, under the interpreter: both Triton kernels, with and without splits
-    (triton_balanced with one unit in all, and with units cut to 64 keys so every request splits)."""
+    """In the child process, under the interpreter: the Triton kernels, with and without splits
+    (triton_balanced with one unit in all, and with units cut to 64 keys so every request splits;
+    triton_splitkv with half-block key tiles; triton_flat with ranges that cross requests)."""
     reference = load_module("decode_reference", ROOT / Repo(ROOT).definition(DECODE_H16).reference)
     splitkv = load_module("decode_triton", solution_file(DECODE_H16, "triton_splitkv", "splitkv.py"),
                           SOLUTIONS / DECODE_H16 / "triton_splitkv")
     balanced = load_module("decode_balanced", solution_file(DECODE_H16, "triton_balanced", "balanced.py"),
                            SOLUTIONS / DECODE_H16 / "triton_balanced")
+    flat = load_module("decode_flat", solution_file(DECODE_H16, "triton_flat", "flat.py"),
+                       SOLUTIONS / DECODE_H16 / "triton_flat")
     variants = {"splitkv 1": (splitkv, {"num_splits": 1}), "splitkv 3": (splitkv, {"num_splits": 3}),
-                "balanced 1": (balanced, {"target_units": 1}), "balanced 64-key units": (balanced, {"target_units": 8, "min_chunk": 64})}
+                "balanced 1": (balanced, {"target_units": 1}),
+                "balanced 64-key units": (balanced, {"target_units": 8, "min_chunk": 64}),
+                "splitkv half blocks": (splitkv, {"num_splits": 3, "block_n": 32}),
+                **{f"flat {n} programs": (flat, {"programs": n}) for n in (1, 2, 5)}}
     inputs = nan_tail_case()
     ref_out, ref_lse = reference.run(*inputs)
     errors = {}
@@ -184,7 +192,7 @@ def check_decode_on_nan_tails() -> dict:
 
 def test_triton_decode_ignores_block_tails(direct_results):
     errors = direct_results[NAN_TAILS]
-    assert len(errors) == 4
+    assert len(errors) == 8
     for variant, (out_error, lse_error) in errors.items():
         assert out_error <= 2e-2 and lse_error <= 1e-3, (variant, out_error, lse_error)  # NaN fails too
 

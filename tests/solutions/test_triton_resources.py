@@ -44,6 +44,9 @@ KNOWN_SPILLS = {
     ("flashmla_decode_causal_h128_ckv512_kpe64_ps64/triton_balanced", "_decode_kernel"): 56,
     ("flashmla_decode_causal_h16_ckv512_kpe64_ps64/triton_splitkv", "_decode_kernel"): 52,
     ("flashmla_decode_causal_h16_ckv512_kpe64_ps64/triton_balanced", "_decode_kernel"): 52,
+    # The key loop inside a loop over the requests a range touches keeps more live.
+    ("flashmla_decode_causal_h128_ckv512_kpe64_ps64/triton_flat", "_decode_kernel"): 444,
+    ("flashmla_decode_causal_h16_ckv512_kpe64_ps64/triton_flat", "_decode_kernel"): 168,
     **{(f"flashmla_sparse_decode_fp8_{variant}_ckv512_kpe64_ps64_topk2048/triton_fp8_splitk", "_sparse_decode_kernel"): 420
        for variant in ("h128", "h64", "sink_h128", "sink_h64")},
     ("mla_paged_decode_h16_ckv512_kpe64_ps1/triton_splitkv", "_mla_decode_split_kernel"): 4,
@@ -133,5 +136,6 @@ def test_the_spill_list_names_kernels_that_exist():
     names = {f"{f.parent.name}/{f.name}" for f in FOLDERS}
     for folder, kernel in KNOWN_SPILLS:
         assert folder in names, folder
-        sources = [f.read_text() for f in load_solution_folder(ROOT / "solutions" / folder).files.values() if f.suffix == ".py"]
+        files = load_solution_folder(ROOT / "solutions" / folder).files.values()
+        sources = [f.read_text() for f in files if f.suffix == ".py"]
         assert any(re.search(rf"def {kernel}\(", source) for source in sources), (folder, kernel)

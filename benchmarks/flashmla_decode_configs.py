@@ -54,36 +54,44 @@ WORKLOADS = {
 }
 
 
-def load(folder: str, file: str = "kernel.py", shared: Path = SHARED):
-    """A module of a shared folder, importing its siblings as a staged solution does (and afresh for
-    each load, so that two revisions' siblings of one name do not mix)."""
-    where = shared / folder
-    spec = importlib.util.spec_from_file_location(f"{where}/{file}", where / file)
+def load(path: Path, *siblings: Path):
+    """The module at `path`, importing from its own folder and `siblings` as a staged solution does (and
+    afresh for each load, so that two revisions' modules of one name do not mix)."""
+    folders = [str(path.parent), *map(str, siblings)]
+    spec = importlib.util.spec_from_file_location(str(path), path)
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(where))
+    sys.path[:0] = folders
     try:
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(where))
-        siblings = [name for name, loaded in sys.modules.items()
-                    if str(getattr(loaded, "__file__", "")).startswith(str(where))]
-        for name in siblings:
+        del sys.path[:len(folders)]
+        imported = [name for name, loaded in sys.modules.items()
+                    if any(str(getattr(loaded, "__file__", "")).startswith(folder) for folder in folders)]
+        for name in imported:
             del sys.modules[name]
     return module
 
 
+def kernel(name: str, shared: Path = SHARED):
+    """Our Triton kernel `name` (splitkv, balanced, flat) in `shared`, in any layout the repository has had:
+    its own shared folder beside the tile module's, one folder for all, or a kernel.py of its own."""
+    tiles = shared / "flashmla_decode_triton"
+    for path in (shared / f"flashmla_decode_triton_{name}" / f"{name}.py", tiles / f"{name}.py",
+                 shared / f"flashmla_decode_triton_{name}" / "kernel.py"):
+        if path.is_file():
+            return load(path, tiles)
+    raise FileNotFoundError(f"no {name} kernel under {shared}")
+
+
 def kernels_at(revision: str) -> tuple:
-    """(splitkv, balanced) as they were at `revision`, in either layout the repository has had."""
+    """(splitkv, balanced) as they were at `revision`."""
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "solutions/_shared"],
                              capture_output=True, check=True).stdout
     folder = tempfile.TemporaryDirectory(prefix="flashmla_decode_")  # removed when the script ends
     EXTRACTED.append(folder)
     shared = Path(folder.name) / "solutions" / "_shared"
     tarfile.open(fileobj=io.BytesIO(archive)).extractall(shared.parents[1], filter="data")
-    if (shared / "flashmla_decode_triton").is_dir():
-        return (load("flashmla_decode_triton", "splitkv.py", shared),
-                load("flashmla_decode_triton", "balanced.py", shared))
-    return load("flashmla_decode_triton_splitkv", shared=shared), load("flashmla_decode_triton_balanced", shared=shared)
+    return kernel("splitkv", shared), kernel("balanced", shared)
 
 
 class LaunchOverride:
@@ -131,13 +139,11 @@ def main() -> None:
     repo = Repo(ROOT)
     print(f"# device: {torch.cuda.get_device_name()}")
     old_splitkv, old_balanced = kernels_at(options.against) if options.against else (None, None)
-    splitkv = load("flashmla_decode_triton", "splitkv.py")
-    balanced = load("flashmla_decode_triton", "balanced.py")
-    flat = load("flashmla_decode_triton", "flat.py")
+    splitkv, balanced, flat = kernel("splitkv"), kernel("balanced"), kernel("flat")
     for kernel in (splitkv, balanced, flat):
         kernel._decode_kernel = LaunchOverride(kernel._decode_kernel)
     try:
-        flashmla = load("flashmla_decode_flashmla")
+        flashmla = load(SHARED / "flashmla_decode_flashmla" / "kernel.py")
     except ImportError as missing:
         print(f"FlashMLA not timed: {missing}")
         flashmla = None

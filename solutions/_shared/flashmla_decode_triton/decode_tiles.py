@@ -1,5 +1,7 @@
 """The tile work of the FlashMLA-form Triton decode kernels (bf16 paged cache, 64-token blocks, causal
-over draft tokens); `splitkv.py` and `balanced.py` differ only in how they cut a request's keys.
+over draft tokens). The kernels, `splitkv.py`, `balanced.py` and `flat.py`, differ only in how they cut
+the keys among programs; each lives in a shared folder of its own beside this one, so that changing
+one leaves the others' content hashes, and their traces, as they are.
 
   * Rows are (query token, head) pairs of one request, row r = s * H + h (FlashMLA's order: q viewed
     as [batch, s_q * H, 576]). A program owns a tile of BLOCK_M rows (64 at 128 heads, 16 or 32 at 16

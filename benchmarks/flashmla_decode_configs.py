@@ -72,7 +72,7 @@ def load(path: Path, *siblings: Path):
     return module
 
 
-def kernel(name: str, shared: Path = SHARED):
+def our_kernel(name: str, shared: Path = SHARED):
     """Our Triton kernel `name` (splitkv, balanced, flat) in `shared`, in any layout the repository has had:
     its own shared folder beside the tile module's, one folder for all, or a kernel.py of its own."""
     tiles = shared / "flashmla_decode_triton"
@@ -91,7 +91,7 @@ def kernels_at(revision: str) -> tuple:
     EXTRACTED.append(folder)
     shared = Path(folder.name) / "solutions" / "_shared"
     tarfile.open(fileobj=io.BytesIO(archive)).extractall(shared.parents[1], filter="data")
-    return kernel("splitkv", shared), kernel("balanced", shared)
+    return our_kernel("splitkv", shared), our_kernel("balanced", shared)
 
 
 class LaunchOverride:
@@ -139,7 +139,7 @@ def main() -> None:
     repo = Repo(ROOT)
     print(f"# device: {torch.cuda.get_device_name()}")
     old_splitkv, old_balanced = kernels_at(options.against) if options.against else (None, None)
-    splitkv, balanced, flat = kernel("splitkv"), kernel("balanced"), kernel("flat")
+    splitkv, balanced, flat = our_kernel("splitkv"), our_kernel("balanced"), our_kernel("flat")
     for kernel in (splitkv, balanced, flat):
         kernel._decode_kernel = LaunchOverride(kernel._decode_kernel)
     try:

@@ -397,8 +397,8 @@ def compare_table(times: dict[str, dict[str, float]]) -> str:
     for workload, by_label in times.items():
         best = {}
         for revision in ("old", "new"):
-            ours = [(us_, label.split()[0]) for label, us_ in by_label.items() if label in (f"splitkv {revision}",
-                                                                                         f"balanced {revision}")]
+            defaults = {f"{kernel} {revision}": kernel for kernel in ("splitkv", "balanced")}
+            ours = [(time, defaults[label]) for label, time in by_label.items() if label in defaults]
             best[revision] = min(ours) if ours else None
         old, new = best["old"], best["new"]
         rows.append([workload, us(by_label.get("flashmla")), f"{old[1]}, {us(old[0])}" if old else "—",

@@ -57,16 +57,16 @@ WORKLOADS = {
 def load(path: Path, *siblings: Path):
     """The module at `path`, importing from its own folder and `siblings` as a staged solution does (and
     afresh for each load, so that two revisions' modules of one name do not mix)."""
-    folders = [str(path.parent), *map(str, siblings)]
+    folders = [path.parent, *siblings]
     spec = importlib.util.spec_from_file_location(str(path), path)
     module = importlib.util.module_from_spec(spec)
-    sys.path[:0] = folders
+    sys.path[:0] = map(str, folders)
     try:
         spec.loader.exec_module(module)
     finally:
         del sys.path[:len(folders)]
         imported = [name for name, loaded in sys.modules.items()
-                    if any(str(getattr(loaded, "__file__", "")).startswith(folder) for folder in folders)]
+                    if getattr(loaded, "__file__", None) and Path(loaded.__file__).parent in folders]
         for name in imported:
             del sys.modules[name]
     return module

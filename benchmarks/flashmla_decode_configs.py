@@ -5,7 +5,8 @@ with `triton.testing.do_bench` (its own L2 flush, a write) FlashMLA (when instal
 
   configs  `triton_splitkv`, `triton_balanced` and `triton_flat` under each (num_warps, num_stages), and
            `triton_splitkv` with 1-8 key splits, on uniform and skewed batches
-  defaults the three kernels as they launch themselves, on every workload but the smoke ones
+  defaults the three kernels as they launch themselves, on every workload but the smoke ones, and balanced with
+           its units fitted to one wave (fit=True)
   units    `triton_balanced` with several unit counts, on variable-length and skewed batches
   splits   `triton_splitkv` with 32-264 key splits, on the single-request workloads
   compare  splitkv and balanced as they were at git revision --against ("old") and as they are ("new"),
@@ -188,6 +189,8 @@ def main() -> None:
                 for splits in SPLITS:
                     timed(f"splitkv splits={splits} w{warps} s2", kernel, num_splits=splits)
             kernel._decode_kernel.settings = {}
+            if kernel is balanced and mode == "defaults":
+                timed("balanced fit", balanced, fit=True)
         del args
         torch.cuda.empty_cache()
 

@@ -29,14 +29,20 @@ MIN_CHUNK = 256  # keys: shorter units would spend more on their partial than on
 
 @triton.jit
 def _schedule(cache_seqlens, batch, target_units, BATCH_P2: tl.constexpr, BLOCK_N: tl.constexpr,
-              MIN_KEYS: tl.constexpr):
-    """(units of each request, exclusive running sum of those units, batch offsets) as vectors."""
+              MIN_KEYS: tl.constexpr, FIT: tl.constexpr):
+    """(units of each request, exclusive running sum of those units, batch offsets) as vectors. With FIT the
+    chunk starts at an even share and grows by eighths until the units fit in target_units (one wave)."""
     offs_b = tl.arange(0, BATCH_P2)
     in_batch = offs_b < batch
     lengths = tl.load(cache_seqlens + offs_b, mask=in_batch, other=0)
     total = tl.sum(lengths, axis=0)
-    chunk = tl.cdiv(tl.cdiv(total * 5, target_units * 4), BLOCK_N) * BLOCK_N
+    slack = 4 if FIT else 5
+    chunk = tl.cdiv(tl.cdiv(total * slack, target_units * 4), BLOCK_N) * BLOCK_N
     chunk = tl.maximum(chunk, MIN_KEYS)
+    if FIT:
+        for _ in tl.static_range(8):
+            over = tl.sum(tl.where(in_batch, tl.maximum(tl.cdiv(lengths, chunk), 1), 0), axis=0) > target_units
+            chunk = tl.where(over, chunk + tl.cdiv(chunk, 8 * BLOCK_N) * BLOCK_N, chunk)
     units = tl.where(in_batch, tl.maximum(tl.cdiv(lengths, chunk), 1), 0)
     ends = tl.cumsum(units, axis=0)
     return units, ends - units, offs_b
@@ -49,10 +55,10 @@ def _decode_kernel(q, k_cache, block_table, cache_seqlens, out, lse, o_part, lse
                    stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
                    H: tl.constexpr, S_Q: tl.constexpr, DV: tl.constexpr, DR: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, BATCH_P2: tl.constexpr,
-                   MIN_KEYS: tl.constexpr,
+                   MIN_KEYS: tl.constexpr, FIT: tl.constexpr,
                    F32_DOT: tl.constexpr):
     unit = tl.program_id(1)
-    units, starts, offs_b = _schedule(cache_seqlens, batch, target_units, BATCH_P2, BLOCK_N, MIN_KEYS)
+    units, starts, offs_b = _schedule(cache_seqlens, batch, target_units, BATCH_P2, BLOCK_N, MIN_KEYS, FIT)
     b = tl.sum((starts + units <= unit) & (offs_b < batch), axis=0)  # requests wholly before this unit
     if b < batch:
         split = unit - tl.sum(tl.where(offs_b == b, starts, 0), axis=0)
@@ -73,10 +79,11 @@ def _decode_kernel(q, k_cache, block_table, cache_seqlens, out, lse, o_part, lse
 def _merge_kernel(cache_seqlens, o_part, lse_part, out, lse, batch, target_units, rows,
                   stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ls,
                   H: tl.constexpr, DV: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                  BATCH_P2: tl.constexpr, BLOCK_N: tl.constexpr, MIN_KEYS: tl.constexpr):
+                  BATCH_P2: tl.constexpr, BLOCK_N: tl.constexpr, MIN_KEYS: tl.constexpr,
+                  FIT: tl.constexpr):
     """Requests in one unit were finished by the decode kernel; the others are combined here."""
     b = tl.program_id(2)
-    units, starts, offs_b = _schedule(cache_seqlens, batch, target_units, BATCH_P2, BLOCK_N, MIN_KEYS)
+    units, starts, offs_b = _schedule(cache_seqlens, batch, target_units, BATCH_P2, BLOCK_N, MIN_KEYS, FIT)
     n_b = tl.sum(tl.where(offs_b == b, units, 0), axis=0)
     if n_b > 1:
         combine(o_part, lse_part, out, lse, b, tl.sum(tl.where(offs_b == b, starts, 0), axis=0), n_b, rows,
@@ -84,7 +91,7 @@ def _merge_kernel(cache_seqlens, o_part, lse_part, out, lse, batch, target_units
 
 
 def launch(q, k_cache, block_table, cache_seqlens, softmax_scale, out, lse, target_units=None, min_chunk=MIN_CHUNK,
-           block_n=BLOCK_SIZE):
+           block_n=BLOCK_SIZE, fit=False):
     batch, s_q, heads, _ = q.shape
     rows, block_m, row_tiles = row_tiling(q, k_cache, out)
     if batch == 0 or s_q == 0:  # no query rows: nothing to write, and no row tiles to size the grid by
@@ -94,7 +101,7 @@ def launch(q, k_cache, block_table, cache_seqlens, softmax_scale, out, lse, targ
     max_units = target_units + batch  # sum of ceil(L_b / chunk) with chunk >= total / target_units
     o_part = torch.empty(max_units * rows * HEAD_DIM_V, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(max_units * rows, dtype=torch.float32, device=q.device)
-    common = dict(BATCH_P2=triton.next_power_of_2(batch), BLOCK_N=block_n, MIN_KEYS=min_chunk)
+    common = dict(BATCH_P2=triton.next_power_of_2(batch), BLOCK_N=block_n, MIN_KEYS=min_chunk, FIT=fit)
     all_strides = strides(q, k_cache, block_table, out, lse)
     _decode_kernel[(row_tiles, max_units)](
         q, k_cache, block_table, cache_seqlens, out, lse, o_part, lse_part,

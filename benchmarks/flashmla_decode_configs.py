@@ -1,4 +1,4 @@
-"""Launch settings of our FlashMLA-form Triton decode kernels at 16 heads, FlashMLA alongside (GPU only).
+"""Launch settings of our FlashMLA-form Triton decode kernels (16 heads, or 128), FlashMLA alongside (GPU only).
 
 Makes the inputs of the definition's own workloads (`generate_inputs`, seed 0, on the GPU), then times
 with `triton.testing.do_bench` (its own L2 flush, a write) FlashMLA (when installed) and:
@@ -17,7 +17,7 @@ FlashMLA's output. The logs under docs/data/decode_variants_h100/ were made by i
 defaults and units logs by its first form, which made inputs of its own with the same shapes, and
 the compare log by a script with the same variants but flat (which did not exist yet).
 
-    python benchmarks/flashmla_decode_configs.py {configs,defaults,units,splits}
+    python benchmarks/flashmla_decode_configs.py {configs,defaults,units,splits} [--heads 128]
     python benchmarks/flashmla_decode_configs.py compare --against REV
 """
 
@@ -39,7 +39,7 @@ from flashbench.dtypes import torch_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT / "solutions" / "_shared"
-DEFINITION = "flashmla_decode_causal_h16_ckv512_kpe64_ps64"
+DEFINITION = "flashmla_decode_causal_h{heads}_ckv512_kpe64_ps64"
 WARPS_STAGES = [(4, 2), (8, 2), (4, 3), (8, 3), (4, 1), (8, 1)]
 SPLITS = (1, 2, 4, 6, 8)
 MANY_SPLITS = (32, 64, 132, 264)
@@ -106,18 +106,18 @@ class LaunchOverride:
         return lambda *args, **kwargs: launcher(*args, **{**kwargs, **self.settings})
 
 
-def workloads(repo: Repo, mode: str) -> list:
-    every = repo.workload_set(DEFINITION).workloads
+def workloads(repo: Repo, definition: str, mode: str) -> list:
+    every = repo.workload_set(definition).workloads
     if mode == "defaults":
         return [w for w in every if "smoke" not in w.tags]
     by_name = {w.name: w for w in every}
     return [by_name[name] for name in WORKLOADS[mode]]
 
 
-def inputs(repo: Repo, workload) -> list:
+def inputs(repo: Repo, definition_name: str, workload) -> list:
     """The kernel's arguments: the workload's inputs (seed 0) and empty out / lse."""
-    definition = repo.definition(DEFINITION)
-    made = generate_inputs(definition, workload, 0, "cuda", repo.definition_path(DEFINITION).parent)
+    definition = repo.definition(definition_name)
+    made = generate_inputs(definition, workload, 0, "cuda", repo.definition_path(definition_name).parent)
     args = [made[name] for name in definition.inputs]
     shapes = output_shapes(definition, bind_axes(definition, made))
     return args + [torch.empty(shape, dtype=torch_dtype(definition.outputs[name].dtype), device="cuda")
@@ -133,12 +133,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=["configs", "defaults", "units", "splits", "compare"])
     parser.add_argument("--against", metavar="REV", help="compare: the git revision whose kernels are 'old'")
+    parser.add_argument("--heads", type=int, choices=[16, 128], default=16,
+                        help="the definition's query heads (the named workloads of configs, units, splits and "
+                             "compare are the 16-head definition's)")
     options = parser.parse_args()
-    mode = options.mode
+    mode, definition = options.mode, DEFINITION.format(heads=options.heads)
     if (mode == "compare") != (options.against is not None):
         parser.error("--against goes with compare, and compare needs it")
     repo = Repo(ROOT)
     print(f"# device: {torch.cuda.get_device_name()}")
+    print(f"# definition: {definition}")
     old_splitkv, old_balanced = kernels_at(options.against) if options.against else (None, None)
     splitkv, balanced, flat = our_kernel("splitkv"), our_kernel("balanced"), our_kernel("flat")
     for kernel in (splitkv, balanced, flat):
@@ -148,9 +152,9 @@ def main() -> None:
     except ImportError as missing:
         print(f"FlashMLA not timed: {missing}")
         flashmla = None
-    for workload in workloads(repo, mode):
+    for workload in workloads(repo, definition, mode):
         name = workload.name
-        args = inputs(repo, workload)
+        args = inputs(repo, definition, workload)
         expected = None
         if flashmla is not None:
             expected = flashmla.run(*args[:5])[0].float()

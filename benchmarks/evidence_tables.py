@@ -41,6 +41,8 @@ made it. Paths are relative to the repository root; a missing input is a one-lin
                                     --json FILE`)
     compare FILE                    `benchmarks/flashmla_decode_configs.py compare` log: per workload FlashMLA's
                                     time and the faster of our two kernels as launched by default, old and new
+    variants FILE                   any `benchmarks/flashmla_decode_configs.py` log: a column per launch, and our
+                                    fastest correct one against FlashMLA (an output off by more than 0.1: wrong)
     rejections FILE_OR_GLOB...      pairs by status for honest solutions (those with a folder under solutions/;
                                     not the reference, not test fixtures), and every REJECTED one
 
@@ -408,18 +410,57 @@ def compare_table(times: dict[str, dict[str, float]]) -> str:
                      "new / old speed"], rows)
 
 
-def build_compare(file):
+# A kernel's output this far from FlashMLA's is wrong, not rounded: bf16 outputs of a softmax-weighted sum
+# differ by at most a few units in the second decimal (docs/data/decode_variants_h100/).
+WRONG_OUTPUT = 0.1
+
+
+def configs_log(file) -> tuple[dict[str, dict[str, tuple[float, float | None]]], Path, set[str]]:
+    """A `benchmarks/flashmla_decode_configs.py` log: workload -> label -> (µs, largest difference from
+    FlashMLA's output or None), its path, and the devices it names."""
     path = need(path_of(file))
-    times: dict[str, dict[str, float]] = {}
+    times: dict[str, dict[str, tuple[float, float | None]]] = {}
     device = set()
     for line in path.read_text().splitlines():
         if line.startswith("# device: "):
             device.add(line.removeprefix("# device: ").strip())
-        elif found := re.match(r"(\S+)\s+(.+?)\s+([0-9.]+) us", line):
-            times.setdefault(found[1], {})[found[2].strip()] = float(found[3])
+        elif found := re.match(r"(\S+)\s+(.+?)\s+([0-9.]+) us(?:\s+err (\S+))?", line):
+            error = float(found[4]) if found[4] else None
+            times.setdefault(found[1], {})[found[2].strip()] = (float(found[3]), error)
     if not times:
         raise FlashbenchError(f"{rel(path)}: no timed lines")
-    return compare_table(times), [f"`{rel(path)}`"], device
+    return times, path, device
+
+
+def build_compare(file):
+    times, path, device = configs_log(file)
+    plain = {workload: {label: time for label, (time, _) in by_label.items()} for workload, by_label in times.items()}
+    return compare_table(plain), [f"`{rel(path)}`"], device
+
+
+def variants_table(times: dict[str, dict[str, tuple[float, float | None]]]) -> str:
+    """times as configs_log gives them: a column per label (FlashMLA first), then our fastest correct
+    launch and its speed against FlashMLA's."""
+    labels = list(dict.fromkeys(label for by_label in times.values() for label in by_label if label != "flashmla"))
+    rows = []
+    for workload, by_label in times.items():
+        cells, ours = [], []
+        for label in labels:
+            time, error = by_label.get(label, (None, None))
+            wrong = error is not None and not error <= WRONG_OUTPUT  # a NaN difference is wrong too
+            cells.append("—" if time is None else f"{us(time)} (wrong: {error:.3g})" if wrong else us(time))
+            if time is not None and not wrong:
+                ours.append((time, label))
+        peer = by_label.get("flashmla", (None, None))[0]
+        best = min(ours) if ours else None
+        rows.append([workload, us(peer), *cells, f"{best[1]}, {peer / best[0]:.2f}x" if best and peer else "—"])
+    return markdown(["workload", "FlashMLA (µs)", *[f"{label} (µs)" for label in labels],
+                     "fastest of ours, its speed / FlashMLA's"], rows)
+
+
+def build_variants(file):
+    times, path, device = configs_log(file)
+    return variants_table(times), [f"`{rel(path)}`"], device
 
 
 def build_flush_profile(file):
@@ -549,7 +590,8 @@ BUILDERS = {"flush": build_flush, "clocks": build_clocks, "adversarial": build_a
             "events_graph": build_events_graph, "repeat": build_repeat, "repeat_events": build_repeat_events,
             "moved": build_moved,
             "rejections": build_rejections, "clock_excess": build_clock_excess, "steps": build_steps,
-            "flush_profile": build_flush_profile, "keyed_flush": build_keyed_flush, "compare": build_compare}
+            "flush_profile": build_flush_profile, "keyed_flush": build_keyed_flush, "compare": build_compare,
+            "variants": build_variants}
 
 
 def usage(name: str) -> str:

@@ -96,6 +96,21 @@ def test_compare_gives_the_faster_default_kernel_of_each_revision(tmp_path):
         raise AssertionError("a log without timings gave a table")
 
 
+def test_variants_give_a_column_per_launch_and_the_fastest_correct_one(tmp_path):
+    log = tmp_path / "defaults.txt"
+    log.write_text("# device: GPU X\n# definition: d\n"
+                   "b1   flashmla              50.0 us\n"
+                   "b1   splitkv default      100.0 us  err 0.0156\n"
+                   "b1   flat default          20.0 us  err 3.5\n"  # fast and wrong: not the fastest
+                   "b1   balanced fit          40.0 us  err nan\n"
+                   "b2   flashmla              10.0 us\n"
+                   "b2   flat default           8.0 us  err 0.001\n")
+    table, sources, device = et.build_variants(str(log))
+    assert rows(table) == [["b1", "50.0", "100.0", "20.0 (wrong: 3.5)", "40.0 (wrong: nan)", "splitkv default, 0.50x"],
+                           ["b2", "10.0", "—", "8.0", "—", "flat default, 1.25x"]]
+    assert device == {"GPU X"}
+
+
 def test_peers_cells_measured_on_other_content_than_the_folder_holds_now_say_stale():
     traces = [make_trace("flashmla", SMALL, 1.5), make_trace("triton", SMALL, 1.0)]
     hashes = {"flashmla": "flashmla-hash", "triton": "edited since"}

@@ -18,7 +18,7 @@ defaults and units logs by its first form, which made inputs of its own with the
 the compare log by a script with the same variants but flat (which did not exist yet).
 
     python benchmarks/flashmla_decode_configs.py {configs,defaults,units,splits} [--heads 128]
-    python benchmarks/flashmla_decode_configs.py compare --against REV
+    python benchmarks/flashmla_decode_configs.py compare --against REV [--heads 128]
 """
 
 import argparse
@@ -134,8 +134,7 @@ def main() -> None:
     parser.add_argument("mode", choices=["configs", "defaults", "units", "splits", "compare"])
     parser.add_argument("--against", metavar="REV", help="compare: the git revision whose kernels are 'old'")
     parser.add_argument("--heads", type=int, choices=[16, 128], default=16,
-                        help="the definition's query heads (the named workloads of configs, units, splits and "
-                             "compare are the 16-head definition's)")
+                        help="the definition's query heads (both definitions name their workloads alike)")
     options = parser.parse_args()
     mode, definition = options.mode, DEFINITION.format(heads=options.heads)
     if (mode == "compare") != (options.against is not None):

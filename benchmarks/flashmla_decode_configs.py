@@ -6,18 +6,20 @@ with `triton.testing.do_bench` (its own L2 flush, a write) FlashMLA (when instal
   configs  `triton_splitkv`, `triton_balanced` and `triton_flat` under each (num_warps, num_stages), and
            `triton_splitkv` with 1-8 key splits, on uniform and skewed batches
   defaults the three kernels as they launch themselves, on every workload but the smoke ones, and balanced with
-           its units fitted to one wave (fit=True)
+           its older schedule, whose units are not fitted to one wave (fit=False)
   units    `triton_balanced` with several unit counts, on variable-length and skewed batches
   splits   `triton_splitkv` with 32-264 key splits, on the single-request workloads
   compare  splitkv and balanced as they were at git revision --against ("old") and as they are ("new"),
            flat, and beside them more key splits, half-block key tiles (block_n=32), other unit counts
+  flat     `triton_flat`'s options: no floor on blocks a program, one token's rows a tile (16-row tiles
+           at two draft tokens), fewer value columns a merge program, other launch settings
 
 Prints one line per setting: workload, kernel, setting, µs, and the largest difference from
 FlashMLA's output. The logs under docs/data/decode_variants_h100/ were made by it: the configs,
 defaults and units logs by its first form, which made inputs of its own with the same shapes, and
 the compare log by a script with the same variants but flat (which did not exist yet).
 
-    python benchmarks/flashmla_decode_configs.py {configs,defaults,units,splits} [--heads 128]
+    python benchmarks/flashmla_decode_configs.py {configs,defaults,units,splits,flat} [--heads 128]
     python benchmarks/flashmla_decode_configs.py compare --against REV [--heads 128]
 """
 
@@ -50,6 +52,8 @@ WORKLOADS = {
     "configs": ["b128_l8192_sq1", "b128_l8192_sq2", "b128_l4096_sq2", "b64_captured_sq2", SKEWED],
     "units": ["b128_var8192_sq1", "b128_var8192_sq2", "b128_var4096_sq2", SKEWED],
     "splits": ["b1_l32768_sq1", "b1_l131072_sq2"],
+    "flat": ["b1_l32768_sq1", "b1_l131072_sq2", SKEWED, "b64_captured_sq2", "b128_l4096_sq2", "b128_var4096_sq2",
+             "b128_var8192_sq2", "b128_var8192_sq1"],
     "compare": ["b1_l32768_sq1", "b1_l131072_sq2", SKEWED, "b128_var8192_sq2", "b128_var4096_sq2", "b128_var8192_sq1",
                 "b64_captured_sq2", "b128_l4096_sq2", "b128_l8192_sq1"],
 }
@@ -131,7 +135,7 @@ def microseconds(call) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["configs", "defaults", "units", "splits", "compare"])
+    parser.add_argument("mode", choices=["configs", "defaults", "units", "splits", "compare", "flat"])
     parser.add_argument("--against", metavar="REV", help="compare: the git revision whose kernels are 'old'")
     parser.add_argument("--heads", type=int, choices=[16, 128], default=16,
                         help="the definition's query heads (both definitions name their workloads alike)")
@@ -177,6 +181,19 @@ def main() -> None:
                     ("splitkv new bn32", splitkv, {"block_n": 32}), ("balanced new bn32", balanced, {"block_n": 32}),
                     *[(f"balanced new units={n}", balanced, {"target_units": n}) for n in (132, 396)]]:
                 timed(label, kernel, **launch_options)
+        elif mode == "flat":
+            two_tokens = args[0].shape[1] == 2  # q: [batch, s_q, heads, 576]
+            for label, launch_options, settings in [
+                    ("flat default", {}, {}), ("flat min_blocks=1", {"min_blocks": 1}, {}),
+                    ("flat merge_columns=32", {"merge_columns": 32}, {}),
+                    ("flat min_blocks=16", {"min_blocks": 16}, {}),
+                    *[(f"flat block_m=16{extra}", {"block_m": 16, **more}, {}) for extra, more in
+                      [("", {}), (" merge_columns=32", {"merge_columns": 32})] if two_tokens],
+                    ("flat w8 s2", {}, {"num_warps": 8, "num_stages": 2}),
+                    ("flat w4 s3", {}, {"num_warps": 4, "num_stages": 3})]:
+                flat._decode_kernel.settings = settings
+                timed(label, flat, **launch_options)
+            flat._decode_kernel.settings = {}
         elif mode == "splits":
             timed("splitkv default", splitkv)
             for splits in MANY_SPLITS:
@@ -193,7 +210,7 @@ def main() -> None:
                     timed(f"splitkv splits={splits} w{warps} s2", kernel, num_splits=splits)
             kernel._decode_kernel.settings = {}
             if kernel is balanced and mode == "defaults":
-                timed("balanced fit", balanced, fit=True)
+                timed("balanced unfitted", balanced, fit=False)
         del args
         torch.cuda.empty_cache()
 

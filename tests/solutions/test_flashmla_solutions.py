@@ -166,8 +166,9 @@ def nan_tail_case(seed=0):
 def check_decode_on_nan_tails() -> dict:
     """In the child process, under the interpreter: the Triton kernels, with and without splits
     (triton_balanced with one unit in all, and with units cut to 64 keys so every request splits, and with
-    its chunk grown until 4 units hold all (6 without fit, at lengths 2, 70, 129);
-    triton_splitkv with half-block key tiles; triton_flat with ranges that cross requests)."""
+    its chunk grown until 4 units hold all (its default), and without that fit (6 units at lengths 2, 70, 129);
+    triton_splitkv with half-block key tiles; triton_flat with ranges that cross requests, with one token's
+    rows a tile, and with its floor on blocks a program, which gives one program all six blocks)."""
     reference = load_module("decode_reference", ROOT / Repo(ROOT).definition(DECODE_H16).reference)
     splitkv = load_module("decode_triton", solution_file(DECODE_H16, "triton_splitkv", "splitkv.py"),
                           SOLUTIONS / DECODE_H16 / "triton_splitkv")
@@ -178,9 +179,13 @@ def check_decode_on_nan_tails() -> dict:
     variants = {"splitkv 1": (splitkv, {"num_splits": 1}), "splitkv 3": (splitkv, {"num_splits": 3}),
                 "balanced 1": (balanced, {"target_units": 1}),
                 "balanced 64-key units": (balanced, {"target_units": 8, "min_chunk": 64}),
-                "balanced fitted to 4 units": (balanced, {"target_units": 4, "min_chunk": 64, "fit": True}),
+                "balanced fitted to 4 units": (balanced, {"target_units": 4, "min_chunk": 64}),
+                "balanced unfitted, 6 units": (balanced, {"target_units": 4, "min_chunk": 64, "fit": False}),
                 "splitkv half blocks": (splitkv, {"num_splits": 3, "block_n": 32}),
-                **{f"flat {n} programs": (flat, {"programs": n}) for n in (1, 2, 5)}}
+                **{f"flat {n} programs": (flat, {"programs": n, "min_blocks": 1}) for n in (1, 2, 5)},
+                "flat 16-row tiles, 32-column merge": (flat, {"programs": 5, "min_blocks": 1, "block_m": 16,
+                                                             "merge_columns": 32}),
+                "flat at least 8 blocks a program": (flat, {"programs": 5})}
     inputs = nan_tail_case()
     ref_out, ref_lse = reference.run(*inputs)
     errors = {}
@@ -194,7 +199,7 @@ def check_decode_on_nan_tails() -> dict:
 
 def test_triton_decode_ignores_block_tails(direct_results):
     errors = direct_results[NAN_TAILS]
-    assert len(errors) == 9
+    assert len(errors) == 12
     for variant, (out_error, lse_error) in errors.items():
         assert out_error <= 2e-2 and lse_error <= 1e-3, (variant, out_error, lse_error)  # NaN fails too
 

@@ -2,12 +2,13 @@
 
 Tiles and math are `decode_tiles.py`'s; what differs from `splitkv.py` is the partition of the keys:
 
-  * Work units: the batch's keys are cut into chunks of one size, chosen so that about
-    TARGET units cover all of them (5/4 of an even share, rounded up to whole cache blocks, at
-    least MIN_CHUNK keys). Request b gets n_b = ceil(L_b / chunk) units, which share its keys evenly
-    (whole cache blocks), so a 64k request among 1k ones is cut into many units while the short ones
-    stay whole, and every unit does about the same work. The slack of 5/4 keeps a uniform batch that
-    nearly fills the GPU unsplit.
+  * Work units: the batch's keys are cut into chunks of one size, chosen so that the units fit in
+    TARGET, the programs that run at once (one wave): the chunk starts at an even share of all keys
+    (whole cache blocks, at least MIN_CHUNK keys) and grows by eighths while the units are more
+    than TARGET. Request b gets n_b = ceil(L_b / chunk) units, which share its keys evenly (whole
+    cache blocks), so a 64k request among 1k ones is cut into many units while the short ones stay
+    whole, and every unit does about the same work. (`fit=False` gives the older rule: 5/4 of an
+    even share, whatever the count; it keeps a uniform batch that nearly fills the GPU unsplit.)
   * No host sync: every program loads all cache_seqlens (one vector load), computes the chunk,
     the n_b and their running sum, and finds which (request, split) its unit index is. The grid
     is sized on the host from shapes alone (TARGET + batch units bound the total), and programs
@@ -28,6 +29,12 @@ MIN_CHUNK = 256  # keys: shorter units would spend more on their partial than on
 
 
 @triton.jit
+def _units(lengths, in_batch, chunk):
+    """Units of each request at this chunk (a request of length 0 still has one, to write its empty rows)."""
+    return tl.where(in_batch, tl.maximum(tl.cdiv(lengths, chunk), 1), 0)
+
+
+@triton.jit
 def _schedule(cache_seqlens, batch, target_units, BATCH_P2: tl.constexpr, BLOCK_N: tl.constexpr,
               MIN_KEYS: tl.constexpr, FIT: tl.constexpr):
     """(units of each request, exclusive running sum of those units, batch offsets) as vectors. With FIT the
@@ -41,9 +48,9 @@ def _schedule(cache_seqlens, batch, target_units, BATCH_P2: tl.constexpr, BLOCK_
     chunk = tl.maximum(chunk, MIN_KEYS)
     if FIT:
         for _ in tl.static_range(8):
-            over = tl.sum(tl.where(in_batch, tl.maximum(tl.cdiv(lengths, chunk), 1), 0), axis=0) > target_units
+            over = tl.sum(_units(lengths, in_batch, chunk), axis=0) > target_units
             chunk = tl.where(over, chunk + tl.cdiv(chunk, 8 * BLOCK_N) * BLOCK_N, chunk)
-    units = tl.where(in_batch, tl.maximum(tl.cdiv(lengths, chunk), 1), 0)
+    units = _units(lengths, in_batch, chunk)
     ends = tl.cumsum(units, axis=0)
     return units, ends - units, offs_b
 
@@ -91,7 +98,7 @@ def _merge_kernel(cache_seqlens, o_part, lse_part, out, lse, batch, target_units
 
 
 def launch(q, k_cache, block_table, cache_seqlens, softmax_scale, out, lse, target_units=None, min_chunk=MIN_CHUNK,
-           block_n=BLOCK_SIZE, fit=False):
+           block_n=BLOCK_SIZE, fit=True):
     batch, s_q, heads, _ = q.shape
     rows, block_m, row_tiles = row_tiling(q, k_cache, out)
     if batch == 0 or s_q == 0:  # no query rows: nothing to write, and no row tiles to size the grid by

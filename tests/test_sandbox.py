@@ -238,6 +238,34 @@ PROBE = textwrap.dedent(r'''
                 "chmod_plain": outcome(lambda: os.chmod(setuid_file, 0o700))}
 
 
+    def capabilities():
+        """The capability sets of this process and of a program it runs, and whether it can raise a hard limit of
+        its own again (RLIMIT_CORE: the sandbox set it to 0)."""
+        def sets(status):
+            return {line.split(":")[0]: int(line.split()[1], 16) for line in status.splitlines()
+                    if line.startswith(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))}
+
+        def raise_limit():
+            try:
+                resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            except ValueError:  # how Python reports EPERM here
+                return "EPERM"
+            return "ok"
+
+        child = subprocess.run([sys.executable, "-c", "print(open('/proc/self/status').read())"],
+                               capture_output=True, text=True, check=True).stdout
+        with open("/proc/self/status") as status:
+            return {"own": sets(status.read()), "child": sets(child), "raise_limit": raise_limit()}
+
+
+    def udp(port):
+        """A datagram to a UDP port of the host's loopback."""
+        def send():
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+                sender.sendto(b"x", ("127.0.0.1", int(port)))
+        return {"udp": outcome(send)}
+
+
     def host_reach(runner_pid):
         """At level process: the host's kernel settings, its /dev/shm, and a signal to the runner."""
         return {"core_pattern": outcome(lambda: os.close(os.open("/proc/sys/kernel/core_pattern", os.O_WRONLY))),
@@ -425,8 +453,9 @@ def test_only_the_writable_folders_can_be_written_and_mounts_are_locked(probe_di
     assert "kmsg" not in found["dev"] and found["kmsg"] != "ok"
     nested = found["nested"]
     # No namespace of its own: a process in a PID namespace below the worker's would be one the runner
-    # neither stops nor finds left running; and what the worker got stays locked.
-    assert (nested["pid"], nested["unshare"]) == ("ENOSPC", "ENOSPC")
+    # neither stops nor finds left running; and what the worker got stays locked. A PID namespace needs
+    # CAP_SYS_ADMIN, which the worker no longer holds; a user namespace needs none, and the limit refuses it.
+    assert (nested["pid"], nested["unshare"]) == ("EPERM", "ENOSPC")
     assert (nested["remount"], nested["sysctl"]) == ("EPERM", "EROFS")
     assert nested["umount"] != "ok" and nested["umount_sys"] != "ok"
     assert sorted(os.listdir(host_dir)) == ["writable"] and sorted(os.listdir(readable)) == ["input"]
@@ -648,6 +677,33 @@ def test_the_network_is_out_of_reach(probe_dir, isolation):
         found = run_probe(probe_dir, isolation, sandbox.SandboxSpec(), "connect", listener.getsockname()[1])
 
     assert (found["connect"] == "ok") == (isolation == "process" and os.uname().machine != "x86_64")
+
+
+def test_the_worker_and_what_it_runs_hold_no_capability(probe_dir, isolation):
+    """At level process a runner started as root would hand a worker root's powers (raising the hard limits
+    the sandbox set, loading a kernel module, raw sockets); at level namespaces it is root of its user
+    namespace. Neither it nor a program it runs keeps any capability."""
+    found = run_probe(probe_dir, isolation, sandbox.SandboxSpec(), "capabilities")
+
+    for sets in (found["own"], found["child"]):
+        assert sets["CapEff"] == sets["CapPrm"] == sets["CapInh"] == sets.get("CapAmb", 0) == 0, found
+    assert found["raise_limit"] == "EPERM", found
+    if isolation == "namespaces" or os.geteuid() == 0:  # a caller without CAP_SETPCAP keeps its bounding set
+        assert found["own"]["CapBnd"] == found["child"]["CapBnd"] == 0, found
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp filter is installed on x86-64 only")
+def test_no_datagram_reaches_the_hosts_network(probe_dir, isolation):
+    """Without connect a UDP socket still reaches any address by sendto: at level namespaces the empty net
+    namespace has no route; at level process no IP socket can be made."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        found = run_probe(probe_dir, isolation, sandbox.SandboxSpec(), "udp", listener.getsockname()[1])
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.recv(1)
+
+    assert found["udp"] == ("ENETUNREACH" if isolation == "namespaces" else "EACCES"), found
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp filter is installed on x86-64 only")

@@ -14,6 +14,11 @@ Two levels, strongest first:
   parent set up.
 - "process": a session and process group of its own, and rlimits. Daemons can escape it.
 
+At both levels the worker then holds no capability (none effective, permitted, inheritable, ambient or
+in its bounding set): at level process a runner started as root would otherwise hand the solution
+root's powers (raising its own hard limits again, loading kernel modules, raw sockets), and at level
+namespaces root of the user namespace would keep them over what that namespace owns.
+
 Stdlib only: this file also runs as a script (`python sandbox.py SPEC ISOLATION MODULE ARGS...`)
 that enters the sandbox before anything else is imported, then runs MODULE as __main__.
 """
@@ -91,6 +96,9 @@ BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
 AUDIT_ARCH_X86_64, X32_SYSCALL_BIT = 0xC000003E, 0x40000000
 BPF_AND_K = 0x54
 AF_VSOCK, SOCKET_TYPE_MASK = 40, 0xF  # socket.h: SOCK_NONBLOCK and SOCK_CLOEXEC share the type's word
+# Capabilities (linux/prctl.h, linux/capability.h).
+PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 23, 24, 47, 4
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
 MSG_FASTOPEN, F_SETLEASE, SETID_BITS = 0x20000000, 1024, stat.S_ISUID | stat.S_ISGID
 O_TMPFILE_BIT = 0o20000000  # fcntl.h: O_TMPFILE is this bit with O_DIRECTORY
 # Landlock (linux/landlock.h; the system call numbers are the same on every architecture): the rights that
@@ -145,6 +153,11 @@ SECCOMP_RULES = [
       for bits in (stat.S_ISUID, stat.S_ISGID, SETID_BITS)),
     (437, [], errno.ENOSYS),  # openat2: its mode is in memory a filter cannot read; the C library does not use it
 ]
+# At level process only, where the network is the host's (at level namespaces an empty net namespace holds
+# none): no IP socket at all. Without connect a TCP socket reaches nothing, but a UDP one reaches any host
+# by sendto, and one bound to a port is a channel between two workers that run at once.
+PROCESS_LEVEL_RULES = [(number, [(0, None, family)], errno.EACCES)
+                       for number in (41, 53) for family in (socket.AF_INET, socket.AF_INET6)]  # socket, socketpair
 
 
 class SandboxError(Exception):
@@ -245,21 +258,22 @@ def enter(spec: SandboxSpec, isolation: str) -> None:
     else:
         raise ValueError(f"unknown isolation level {isolation!r}")
     _set_limits(spec)
-    _refuse_resuming()
+    _refuse_resuming(isolation)
     _write_only_where_allowed(spec, isolation)
+    _drop_capabilities()
 
 
-def _refuse_resuming() -> None:
+def _refuse_resuming(isolation: str) -> None:
     """A seccomp filter, for the worker and all it starts: no SIGCONT by a call that names it
     (SECCOMP_RULES), no ptrace, and no socket that reaches an address. The judge stops the sandbox's
     processes while it times its own steps; one of them left running, or started between the judge's
     listing and its signals, could otherwise resume the others (or, tracing them, keep SIGSTOP from
     them). The kernel can still send SIGCONT where no filter sees it (a POSIX timer or mq_notify armed
-    with it, an orphaned process group): the judge's pauses check the CPU time. x86-64 only: elsewhere
-    nothing is filtered (docs/threat_model.md)."""
+    with it, an orphaned process group): the judge's pauses check the CPU time. At level process no IP
+    socket either. x86-64 only: elsewhere nothing is filtered (docs/threat_model.md)."""
     if os.uname().machine != "x86_64":
         return
-    program = _seccomp_program()
+    program = _seccomp_program(SECCOMP_RULES + (PROCESS_LEVEL_RULES if isolation == "process" else []))
     filters = (_SockFilter * len(program))(*(_SockFilter(*instruction) for instruction in program))
     fprog = _SockFprog(len(program), filters)
     _forbid_new_privileges()
@@ -267,13 +281,13 @@ def _refuse_resuming() -> None:
           ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0))
 
 
-def _seccomp_program() -> list[tuple[int, int, int, int]]:
+def _seccomp_program(rules: list) -> list[tuple[int, int, int, int]]:
     """Classic BPF over struct seccomp_data (nr at 0, arch at 4, argument i's low word at 16 + 8 * i): every
     call through another ABI refused (i386's `int 0x80`, whose numbers differ, and x32's); each of
-    SECCOMP_RULES answered with its action where all its conditions hold; the rest allowed."""
+    `rules` answered with its action where all its conditions hold; the rest allowed."""
     program = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 1, 0, AUDIT_ARCH_X86_64), (BPF_RET_K, 0, 0, _refusal(errno.EPERM)),
                (BPF_LD_W_ABS, 0, 0, 0), (BPF_JGE_K, 0, 1, X32_SYSCALL_BIT), (BPF_RET_K, 0, 0, _refusal(errno.EPERM))]
-    for number, conditions, refusal in SECCOMP_RULES:
+    for number, conditions, refusal in rules:
         checks = []
         for argument, mask, value in conditions:
             checks.append((BPF_LD_W_ABS, 0, 0, 16 + 8 * argument))
@@ -362,6 +376,32 @@ class _LandlockRuleset(ctypes.Structure):
 class _LandlockPathBeneath(ctypes.Structure):
     _pack_ = 1  # packed in linux/landlock.h
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_capabilities() -> None:
+    """No capability for the worker or anything it runs, root or not: the bounding set emptied (where this
+    process may: without CAP_SETPCAP it has nothing there a program could gain, no_new_privs being set),
+    the ambient set cleared, and none effective, permitted or inheritable."""
+    libc = _libc()
+    capability = 0
+    while libc.prctl(ctypes.c_int(PR_CAPBSET_READ), ctypes.c_ulong(capability), ctypes.c_ulong(0),
+                     ctypes.c_ulong(0), ctypes.c_ulong(0)) >= 0:  # EINVAL past the kernel's last capability
+        if libc.prctl(ctypes.c_int(PR_CAPBSET_DROP), ctypes.c_ulong(capability), ctypes.c_ulong(0),
+                      ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0 and ctypes.get_errno() != errno.EPERM:
+            raise SandboxError(f"prctl(PR_CAPBSET_DROP, {capability}): {os.strerror(ctypes.get_errno())}")
+        capability += 1
+    _call("prctl(PR_CAP_AMBIENT_CLEAR_ALL)", libc.prctl, ctypes.c_int(PR_CAP_AMBIENT),
+          ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    _call("capset", libc.capset, ctypes.byref(_CapHeader(LINUX_CAPABILITY_VERSION_3, 0)),
+          ctypes.byref((_CapData * 2)()))
 
 
 def _forbid_new_privileges() -> None:

@@ -238,9 +238,9 @@ PROBE = textwrap.dedent(r'''
                 "chmod_plain": outcome(lambda: os.chmod(setuid_file, 0o700))}
 
 
-    def capabilities():
-        """The capability sets of this process and of a program it runs, and whether it can raise a hard limit of
-        its own again (RLIMIT_CORE: the sandbox set it to 0)."""
+    def capabilities(host_file):
+        """The capability sets of this process and of a program it runs, whether it can raise a hard limit of
+        its own again (RLIMIT_CORE: the sandbox set it to 0), and give a file of the host's to another user."""
         def sets(status):
             return {line.split(":")[0]: int(line.split()[1], 16) for line in status.splitlines()
                     if line.startswith(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))}
@@ -255,7 +255,8 @@ PROBE = textwrap.dedent(r'''
         child = subprocess.run([sys.executable, "-c", "print(open('/proc/self/status').read())"],
                                capture_output=True, text=True, check=True).stdout
         with open("/proc/self/status") as status:
-            return {"own": sets(status.read()), "child": sets(child), "raise_limit": raise_limit()}
+            return {"own": sets(status.read()), "child": sets(child), "raise_limit": raise_limit(),
+                    "chown": outcome(lambda: os.chown(host_file, 1, -1))}
 
 
     def udp(port):
@@ -679,15 +680,18 @@ def test_the_network_is_out_of_reach(probe_dir, isolation):
     assert (found["connect"] == "ok") == (isolation == "process" and os.uname().machine != "x86_64")
 
 
-def test_the_worker_and_what_it_runs_hold_no_capability(probe_dir, isolation):
+def test_the_worker_and_what_it_runs_hold_no_capability(probe_dir, isolation, host_dir):
     """At level process a runner started as root would hand a worker root's powers (raising the hard limits
-    the sandbox set, loading a kernel module, raw sockets); at level namespaces it is root of its user
-    namespace. Neither it nor a program it runs keeps any capability."""
-    found = run_probe(probe_dir, isolation, sandbox.SandboxSpec(), "capabilities")
+    the sandbox set, giving the runner's files away, loading a kernel module, raw sockets); at level
+    namespaces it is root of its user namespace. Neither it nor a program it runs keeps any capability."""
+    (host_dir / "runners").write_text("the runner's")
+    found = run_probe(probe_dir, isolation, sandbox.SandboxSpec(), "capabilities", host_dir / "runners")
 
     for sets in (found["own"], found["child"]):
         assert sets["CapEff"] == sets["CapPrm"] == sets["CapInh"] == sets.get("CapAmb", 0) == 0, found
     assert found["raise_limit"] == "EPERM", found
+    assert found["chown"] == ("EROFS" if isolation == "namespaces" else "EPERM"), found
+    assert (host_dir / "runners").stat().st_uid == os.geteuid()
     if isolation == "namespaces" or os.geteuid() == 0:  # a caller without CAP_SETPCAP keeps its bounding set
         assert found["own"]["CapBnd"] == found["child"]["CapBnd"] == 0, found
 

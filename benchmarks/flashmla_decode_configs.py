@@ -204,7 +204,7 @@ def main() -> None:
                 kernel._decode_kernel.settings = dict(num_warps=warps, num_stages=stages) if warps else {}
                 timed(f"{label} w{warps} s{stages}" if warps else f"{label} default", kernel)
             if kernel is splitkv and mode == "configs":
-                warps = 8 if args[0].shape[1] == 2 else 4  # q: [batch, s_q, heads, 576]
+                warps = 8 if args[0].shape[1] * args[0].shape[2] >= 32 else 4  # q: [batch, s_q, heads, 576]
                 kernel._decode_kernel.settings = dict(num_warps=warps, num_stages=2)
                 for splits in SPLITS:
                     timed(f"splitkv splits={splits} w{warps} s2", kernel, num_splits=splits)

@@ -240,7 +240,8 @@ PROBE = textwrap.dedent(r'''
 
     def capabilities(host_file):
         """The capability sets of this process and of a program it runs, whether it can raise a hard limit of
-        its own again (RLIMIT_CORE: the sandbox set it to 0), and give a file of the host's to another user."""
+        its own again (RLIMIT_CORE: the sandbox set it to 0), give a file of the host's to another user, or
+        take a real-time priority or a higher one than the runner's (which would starve the judge of CPU)."""
         def sets(status):
             return {line.split(":")[0]: int(line.split()[1], 16) for line in status.splitlines()
                     if line.startswith(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))}
@@ -256,7 +257,9 @@ PROBE = textwrap.dedent(r'''
                                capture_output=True, text=True, check=True).stdout
         with open("/proc/self/status") as status:
             return {"own": sets(status.read()), "child": sets(child), "raise_limit": raise_limit(),
-                    "chown": outcome(lambda: os.chown(host_file, 1, -1))}
+                    "chown": outcome(lambda: os.chown(host_file, 1, -1)),
+                    "realtime": outcome(lambda: os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))),
+                    "nice": outcome(lambda: os.setpriority(os.PRIO_PROCESS, 0, -5))}
 
 
     def udp(port):
@@ -691,6 +694,7 @@ def test_the_worker_and_what_it_runs_hold_no_capability(probe_dir, isolation, ho
         assert sets["CapEff"] == sets["CapPrm"] == sets["CapInh"] == sets.get("CapAmb", 0) == 0, found
     assert found["raise_limit"] == "EPERM", found
     assert found["chown"] == ("EROFS" if isolation == "namespaces" else "EPERM"), found
+    assert found["realtime"] == "EPERM" and found["nice"] in ("EACCES", "EPERM"), found
     assert (host_dir / "runners").stat().st_uid == os.geteuid()
     if isolation == "namespaces" or os.geteuid() == 0:  # a caller without CAP_SETPCAP keeps its bounding set
         assert found["own"]["CapBnd"] == found["child"]["CapBnd"] == 0, found

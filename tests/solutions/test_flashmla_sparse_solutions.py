@@ -34,6 +34,8 @@ SOLUTIONS = [
     ("flashmla_sparse_decode_fp8_h128_ckv512_kpe64_ps64_topk2048", "triton_fp8_splitk"),
     ("flashmla_sparse_decode_fp8_h128_ckv512_kpe64_ps64_topk2048", "triton_fp8_pipelined"),
     ("flashmla_sparse_decode_fp8_sink_h64_ckv512_kpe64_ps64_topk2048", "triton_fp8_splitk"),
+    ("flashmla_sparse_decode_fp8_h64_ckv512_kpe64_ps64_topk2048", "triton_fp8_pipelined"),
+    ("flashmla_sparse_decode_fp8_sink_h64_ckv512_kpe64_ps64_topk2048", "triton_fp8_pipelined"),
     ("flashmla_sparse_prefill_h64_ckv512_kpe64_topk2048", "triton_gather"),
     ("flashmla_sparse_prefill_sink_topklen_h128_ckv512_kpe64_topk2048", "triton_gather"),
     ("flashmla_sparse_prefill_h64_ckv512_kpe64_topk2048", "triton_gather_pipelined"),
@@ -48,15 +50,16 @@ SOLUTIONS = [
 # Through the runner: one folder of each kernel (test_every_kernel_goes_through_the_runner), the
 # definition with fewer heads where two share it (under the interpreter a program takes all heads).
 # triton_gather and triton_gather_pipelined are one source, an entry point per form and per
-# signature: each of the four goes through the runner.
+# signature: each of the four goes through the runner; so do triton_fp8_splitk's four.
 THROUGH_RUNNER = [
     ("flashmla_sparse_prefill_h64_ckv512_kpe64_topk2048", "triton_gather"),
     ("flashmla_sparse_prefill_h64_ckv512_kpe64_topk2048", "triton_gather_pipelined"),
     ("flashmla_sparse_prefill_sink_topklen_h64_ckv512_kpe64_topk2048", "triton_gather"),
     ("flashmla_sparse_prefill_sink_topklen_h64_ckv512_kpe64_topk2048", "triton_gather_pipelined"),
     ("flashmla_sparse_decode_fp8_h64_ckv512_kpe64_ps64_topk2048", "triton_fp8_splitk"),
-    ("flashmla_sparse_decode_fp8_h128_ckv512_kpe64_ps64_topk2048", "triton_fp8_pipelined"),
+    ("flashmla_sparse_decode_fp8_h64_ckv512_kpe64_ps64_topk2048", "triton_fp8_pipelined"),
     ("flashmla_sparse_decode_fp8_sink_h64_ckv512_kpe64_ps64_topk2048", "triton_fp8_splitk"),
+    ("flashmla_sparse_decode_fp8_sink_h64_ckv512_kpe64_ps64_topk2048", "triton_fp8_pipelined"),
     ("flashmla_sparse_fp8_quantize_ckv512_kpe64_ps64", "triton_bits"),
     ("flashmla_sparse_fp8_dequantize_ckv512_kpe64_ps64", "triton_bits"),
 ]

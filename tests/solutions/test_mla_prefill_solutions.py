@@ -51,7 +51,7 @@ def make_inputs(q_lens, kv_lens, seed, num_pages=300):
 def check_triton_cases():
     """Runs in the child process, under the interpreter: all cases, one JSON line of results."""
     reference = load_module("prefill_reference", REFERENCE)
-    kernel = load_module("prefill_triton_causal", TRITON_KERNEL)
+    kernel = load_module("prefill_triton_causal", TRITON_KERNEL, TRITON_KERNEL.parent)
     results = {}
     for seed, (name, (q_lens, kv_lens)) in enumerate(CASES.items()):
         inputs = make_inputs(q_lens, kv_lens, seed)

@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+import fast_launch  # solutions/_shared/triton_fast_launch
+
 NUM_HEADS = 16
 HEAD_DIM_CKV = 512
 HEAD_DIM_KPE = 64
@@ -206,44 +208,6 @@ def _prefill_kernel(q_nope, q_pe, ckv_cache, kpe_cache, kv_indices, sched,
         tl.store(lse + o_row * stride_l_t + head * stride_l_h, lse_val, mask=row_ok)
 
 
-_COMPILED = {}
-
-
-def _specialisation(args):
-    """What Triton specialises a launch on (tensor dtype and 16-byte alignment, integers equal to 1
-    or divisible by 16), and the arguments as the launcher takes them (pointers as integers)."""
-    key, raw = [], []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            ptr = a.data_ptr()
-            key.append((a.dtype, ptr & 15 == 0))
-            raw.append(ptr)
-        else:
-            key.append((a == 1, a % 16 == 0) if type(a) is int else None)
-            raw.append(a)
-    return tuple(key), raw
-
-
-def _launch(kernel, grid, args, constexprs, num_warps, num_stages, device):
-    """kernel[grid](...) with the compiled kernel cached per specialisation and launched directly on
-    repeated calls. Triton's own path costs tens of microseconds of host time per launch (argument
-    binding, launch hooks that build metadata, a driver query per tensor argument); pointers passed
-    as integers skip the query, and the launch hooks are left out."""
-    if device.type != "cuda":
-        return kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    spec, raw = _specialisation(args)
-    key = (kernel, index, spec, tuple(constexprs.values()), num_warps, num_stages)
-    ck = _COMPILED.get(key)
-    if ck is None:
-        ck = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
-        _COMPILED[key] = ck
-        return ck
-    ck.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(index), ck.function, ck.packed_metadata,
-           None, None, None, *raw, *constexprs.values())
-    return ck
-
-
 def _interpreting():
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -276,9 +240,9 @@ def launch(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices,
 
     sched = torch.empty(num_programs * TILE_INFO, dtype=torch.int32, device=q_nope.device)
     device = q_nope.device
-    _launch(_schedule_kernel, (num_programs, 1, 1), (qo_indptr, kv_indptr, sched, num_req),
+    fast_launch.launch(_schedule_kernel, (num_programs, 1, 1), (qo_indptr, kv_indptr, sched, num_req),
             dict(TOK=tok, BLOCK_B=block_b), 4 if block_b > 512 else 1, 3, device)
-    _launch(
+    fast_launch.launch(
         _prefill_kernel, (num_programs, 1, 1),
         (q_nope, q_pe, ckv_cache, kpe_cache, kv_indices, sched,
          output, lse, float(sm_scale) * LOG2E,

@@ -21,6 +21,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import flashbench.run.jobs
+
 from flashbench import Repo
 from flashbench.build import content_hash
 from flashbench.run import RunOptions, Runner, sandbox, select_solutions, select_workloads
@@ -205,6 +207,29 @@ def job(graph=False, checked_calls=None, slots=8, device="cpu", definition=None)
     stand_in.history, stand_in.reads, stand_in.flushes = [], [], []
     stand_in.times = _Times()
     return stand_in
+
+
+def test_a_warm_up_longer_than_the_slots_is_split_into_batches_that_share_no_slot(repo_copy, shared_cache, tmp_path,
+                                                                                   monkeypatch):
+    """Large outputs leave few slots (SETS + 1 here): warm-up calls beyond them go in further batches, or
+    the judge, reading each slot when its batch ends, finds a later call's outputs behind an earlier call's
+    link and rejects an honest solution (seen on a GPU with 512 MB outputs: 7 slots, 10 warm-up calls)."""
+    monkeypatch.setitem(flashbench.run.jobs.SLOT_BUDGET_BYTES, "cpu", 1)
+    result, _ = run(repo_copy, shared_cache, tmp_path / "traces", [FIXTURES / "correct_dps"], warmup=SETS + 3)
+    (trace,) = result.traces
+    assert (trace.status, trace.message) == ("PASSED", "")
+
+
+def test_warm_up_batches_give_every_call_a_slot_of_its_own():
+    for graph, slots, warmup, sizes in [(False, 4, 10, [4, 4, 2]), (True, 4, 0, [1, 1, 1]), (False, 8, 5, [5])]:
+        stand_in = job(graph=graph, slots=slots)
+        stand_in.settings.warmup = warmup
+        batches = []
+        stand_in.batch = lambda calls, **_: batches.append(calls) or (1.0, None)
+        assert stand_in.warm_up() == len(batches) / sum(sizes)
+        assert [len(calls) for calls in batches] == sizes
+        assert all(len({c.slot for c in calls}) == len(calls) for calls in batches)
+        assert sorted(c.set for calls in batches for c in calls) == sorted(k % 3 for k in range(sum(sizes)))
 
 
 def test_calls_rotate_over_the_sets_and_slots_each_with_a_fresh_seed():

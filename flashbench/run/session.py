@@ -109,10 +109,11 @@ class Session:
             return JobOutcome(status=gone.status, message=gone.message, log=gone.log, worker_usable=False)
         except _Stop as stop:
             return stop.outcome
-        except torch.cuda.OutOfMemoryError:  # the judge's own allocations: the worker holds the device
+        except torch.cuda.OutOfMemoryError:  # the judge's own: a large workload, or a worker holding the device
             return JobOutcome(status="RUNTIME_ERROR", worker_usable=False,
                               message="the device had no memory left for the judge's own work on the job: "
-                                      "a solution's worker may not hold the device's memory")
+                                      "the workload's input sets, the judge's copies of them and what the "
+                                      "worker holds did not fit together")
 
     def _run(self, worker, workload, destination_passing) -> JobOutcome:
         settings = self.settings
@@ -253,11 +254,16 @@ class _Job:
 
     def warm_up(self) -> float:
         """The judge's time per call of a batch, its steps included (ms); the graphs are captured here
-        in graph timing."""
+        in graph timing. In batches of at most one call per slot, as every batch: the judge reads a slot
+        when its batch ends, so a second call into it would leave the first call's link unverifiable
+        (large outputs leave fewer slots than warm-up calls)."""
         sets = len(self.arena_sets)
         count = max(self.settings.warmup, 1, sets if self.settings.graph else 0)
-        calls = [self.fresh_call(k) for k in range(count)]
-        return self.batch(calls, timed=False, graph=self.settings.graph, picked={})[0] / count
+        per_batch = len(self.call_slots())
+        elapsed = sum(self.batch([self.fresh_call(k) for k in range(start, min(start + per_batch, count))],
+                                 timed=False, graph=self.settings.graph, picked={})[0]
+                      for start in range(0, count, per_batch))
+        return elapsed / count
 
     def timed_batches(self, baseline: Baseline, step_ms: float) -> None:
         """Batches long enough that the handshake around each is negligible, and at least `iters` calls,

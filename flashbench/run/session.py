@@ -425,7 +425,7 @@ class _Job:
         references = self.session.references
         if call.seed is None:  # a set as drawn: the same for every solution of the run
             key = (self.inputs.workload.uuid, self.settings.set_seeds[call.set])
-            return references.kept(key, lambda: self.inputs.sets[call.set])
+            return references.kept(key, lambda: self.inputs.drawn(call.set))
         return references.compute(self.inputs.current[call.set])
 
     def reject_leftovers(self) -> None:

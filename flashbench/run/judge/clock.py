@@ -47,7 +47,7 @@ class Baseline:
         self.device = inputs.device
         self.max_calls = max_calls
         self.clock = CallClock(self.device, max_calls)  # made once, as the worker's
-        scratch = {name: tensor.clone() for name, tensor in inputs.tensors.items()}
+        scratch = {name: tensor.to(self.device, copy=True) for name, tensor in inputs.tensors.items()}
         self.inputs = InputSets(inputs.definition, inputs.workload, [scratch], inputs.random_names)
         self.flush = flush
         self._empty = torch.zeros(1, device=self.device) if torch.device(self.device).type == "cuda" else None

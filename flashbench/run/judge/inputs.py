@@ -29,15 +29,26 @@ class JobInputs:
         self.definition = definition
         self.workload = workload
         self.device = device
-        self.sets = [generate_inputs(definition, workload, seed, device, base_dir) for seed in set_seeds]
+        # The sets as drawn, which every job's arena starts from and the replay rewinds to, on the host: a GPU
+        # then holds a job's inputs twice (the judge's current sets and the worker's arena), not three times
+        # (on an 80 GB H100 the largest MHA varlen workloads did not fit so).
+        self.sets = [_copied(generate_inputs(definition, workload, seed, device, base_dir), "cpu") for seed in set_seeds]
         self.random_names = random_inputs(definition, workload)
         first = self.sets[0]
         self.tensors = {name: value for name, value in first.items() if isinstance(value, torch.Tensor)}
         self.scalars = {name: value for name, value in first.items() if not isinstance(value, torch.Tensor)}
         shapes = output_shapes(definition, bind_axes(definition, first))
         self.outputs = {name: (spec.dtype, shapes[name]) for name, spec in definition.outputs.items()}
-        # What each set holds now, the calls made so far replayed on it.
-        self.current = [{name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in s.items()}
-                        for s in self.sets]
+        # What each set holds now, the calls made so far replayed on it; on the device.
+        self.current = [_copied(s, device) for s in self.sets]
         self.replay = InputSets(definition, workload, self.current, self.random_names)
         self.redrawn_names = self.replay.redrawn_names  # random inputs, then generated data
+
+    def drawn(self, index: int) -> dict:
+        """Input set `index` as drawn, on the device."""
+        return _copied(self.sets[index], self.device)
+
+
+def _copied(inputs: dict, device: str) -> dict:
+    return {name: value.to(device, copy=True) if isinstance(value, torch.Tensor) else value
+            for name, value in inputs.items()}

@@ -138,7 +138,8 @@ PROBE = textwrap.dedent(r'''
     def tmp(host_file, host_shm_file, leftover):
         found = {"host_file": os.path.exists(host_file), "host_shm_file": os.path.exists(host_shm_file),
                  "tmp_type": mount_type("/tmp"), "shm_type": mount_type("/dev/shm"), "pts": os.listdir("/dev/pts"),
-                 "leftover_before": os.path.exists(leftover), "tmpdir": os.environ.get("TMPDIR")}
+                 "leftover_before": os.path.exists(leftover), "tmpdir": os.environ.get("TMPDIR"),
+                 "sizes": [os.statvfs(p).f_blocks * os.statvfs(p).f_frsize for p in ("/tmp", "/dev/shm")]}
         write(leftover)
         return found
 
@@ -587,7 +588,17 @@ def test_tmp_and_shm_are_private_and_vanish_with_the_sandbox(probe_dir, namespac
 
     assert (first["host_file"], first["host_shm_file"]) == (False, False)
     assert (first["tmp_type"], first["shm_type"], first["pts"], first["tmpdir"]) == ("tmpfs", "tmpfs", [], "/tmp")
+    assert first["sizes"] == [sandbox.SandboxSpec().tmpfs_bytes] * 2
     assert not leftover.exists() and not second["leftover_before"]
+
+
+def test_the_private_tmpfs_is_a_sixteenth_of_the_hosts_memory_within_1_and_8_gib(monkeypatch):
+    """A just-in-time build (FlashInfer's ninja, an nvcc per core with about 150 MB of temporaries each)
+    overflowed 1 GiB on a 16-core GPU host; the tmpfs counts against the host's memory."""
+    gib = 1 << 30
+    for memory, size in [(4 * gib, gib), (24 * gib, 24 * gib // 16), (128 * gib, 8 * gib), (2048 * gib, 8 * gib)]:
+        monkeypatch.setattr(os, "sysconf", lambda name, memory=memory: {"SC_PAGE_SIZE": 4096}.get(name, memory // 4096))
+        assert sandbox.default_tmpfs_bytes() == size
 
 
 def test_a_folder_that_cannot_be_bound_fails_the_start_with_one_line(probe_dir, namespaces, tmp_path):

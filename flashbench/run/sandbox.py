@@ -164,6 +164,17 @@ class SandboxError(Exception):
     """The sandbox could not be set up."""
 
 
+def default_tmpfs_bytes() -> int:
+    """The private /tmp's size (and /dev/shm's): a sixteenth of the host's memory, which the tmpfs counts
+    against, within 1 and 8 GiB. A just-in-time build may need more than 1 GiB: FlashInfer's ninja runs
+    an nvcc per core, each with about 150 MB of temporaries for its fa3 prefill kernels."""
+    try:
+        page, pages = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 30
+    return max(1 << 30, min(8 << 30, pages // 16 * page))  # whole pages: the size the kernel gives
+
+
 @dataclass(frozen=True)
 class SandboxSpec:
     writable: tuple[str, ...] = ()  # absolute directories the worker may write (exchange dir, build dir)
@@ -171,7 +182,7 @@ class SandboxSpec:
     hidden: tuple[str, ...] = ()  # directories it must not read (namespaces level): empty inside, but for the above
     memory_limit_bytes: int | None = None  # RLIMIT_AS when set (CPU workers)
     file_size_limit_bytes: int = 1 << 30  # RLIMIT_FSIZE
-    tmpfs_bytes: int = 1 << 30  # size of the private /tmp and /dev/shm (namespaces level)
+    tmpfs_bytes: int = dataclasses.field(default_factory=default_tmpfs_bytes)  # private /tmp and /dev/shm (namespaces)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -32,7 +32,9 @@ class JobInputs:
         # The sets as drawn, which every job's arena starts from and the replay rewinds to, on the host: a GPU
         # then holds a job's inputs twice (the judge's current sets and the worker's arena), not three times
         # (on an 80 GB H100 the largest MHA varlen workloads did not fit so).
-        self.sets = [_copied(generate_inputs(definition, workload, seed, device, base_dir), "cpu") for seed in set_seeds]
+        self.sets = [{name: value.cpu() if isinstance(value, torch.Tensor) else value  # no copy on a CPU: read only
+                      for name, value in generate_inputs(definition, workload, seed, device, base_dir).items()}
+                     for seed in set_seeds]
         self.random_names = random_inputs(definition, workload)
         first = self.sets[0]
         self.tensors = {name: value for name, value in first.items() if isinstance(value, torch.Tensor)}

@@ -66,7 +66,8 @@ class SessionSettings:
 
 @dataclass
 class _Read:
-    """A picked call's outputs, read from its slot right after its batch; its reference comes later."""
+    """A picked call's outputs, read from its slot right after its batch (a copy on the host); its reference
+    comes later."""
 
     label: str
     batch: int  # the batch's place in the job's history
@@ -361,8 +362,11 @@ class _Job:
         reply, elapsed_ms = self.deadline.timed_ask(self.worker, batch)
         if not isinstance(self.unless_failed(reply), BatchDone):
             raise _Stop(self.rejected("the worker's reply does not match the batch it was sent"))
-        # Copies taken now, nothing written later counts: the picked calls' outputs.
-        read = {k: {name: tensor.clone() for name, tensor in self.arena_slots[calls[k].slot].items()} for k in picked}
+        # Copies taken now, nothing written later counts: the picked calls' outputs, on the host (they wait there
+        # for the job's end and are compared one call at a time; on the device, a job checking 8 calls of 2 GB
+        # outputs held 16 GB more, and the largest MHA varlen workloads did not fit an 80 GB H100).
+        read = {k: {name: tensor.to("cpu", copy=True) for name, tensor in self.arena_slots[calls[k].slot].items()}
+                for k in picked}
         # And every linked call's link, from the outputs the call before it left in its slot (each call of a batch
         # has a slot of its own): checked for every call alike, not only the picked ones.
         linked = linked_calls(calls)

@@ -45,18 +45,6 @@ def copy_repo(target: Path) -> Path:
     return target
 
 
-@pytest.fixture(scope="session", autouse=True)
-def few_clean_steps_calls():
-    """The judge measures its steps' cost alone on 200 calls, each redrawing the inputs, six times a
-    workload: about half of a short CPU run. No test reads the figure, only that it was measured.
-    Processes the tests start (the CLI's, Ray's tasks) keep 200."""
-    from flashbench.run.judge.clock import CleanSteps
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(CleanSteps, "CALLS", 20)
-        yield
-
-
 @pytest.fixture(scope="session")
 def repo_copy(tmp_path_factory) -> Path:
     return copy_repo(tmp_path_factory.mktemp("repo"))

@@ -122,6 +122,15 @@ def test_clean_steps_keep_the_least_cost_per_call_of_each_workload_and_device():
     assert calls == [7] and clean.get("v", "cuda:0") == pytest.approx(1.0)  # never more calls than its clock holds
 
 
+def test_clean_steps_measure_fewer_calls_on_a_cpu_whose_steps_cost_milliseconds():
+    calls = []
+    baseline = SimpleNamespace(max_calls=1000, time_ms=lambda batch: calls.append(len(batch.calls)) or 1.0)
+    clean = CleanSteps()
+    clean.measure(baseline, "w", "cpu")
+    clean.measure(baseline, "w", "cuda:0")
+    assert calls == [CleanSteps.CALLS["cpu"], CleanSteps.CALLS["cuda"]] and calls[0] < calls[1]
+
+
 # disagreement: the worker's own clock against the judge's.
 
 @pytest.mark.parametrize("worker, judge, flagged", [

@@ -87,14 +87,18 @@ class CleanSteps:
     definition's reference (trusted code: its worker leaves nothing running) held the device, and never
     while a solution's worker did; the least seen. The reference's jobs run before every other's."""
 
-    CALLS = 200  # calls in the measuring batch: its fixed cost (the draw, the final sync) a few µs a call
+    # Calls in the measuring batch, per device kind. A GPU's steps cost under a millisecond a call, and 200
+    # make the batch's fixed cost (the draw, the final sync) a few µs a call. A CPU's redraw the inputs on
+    # the host, about 5 ms a call on the decode smoke workloads: 200 calls, timed six times
+    # (BASELINE_REPEATS), took 6 s a workload, most of a CPU run; 20 leave the fixed cost as small a share.
+    CALLS = {"cuda": 200, "cpu": 20}
 
     def __init__(self):
         self._costs: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
 
     def measure(self, baseline: "Baseline", workload: str, device: str) -> None:
-        calls = min(self.CALLS, baseline.max_calls)
+        calls = min(self.CALLS[torch.device(device).type], baseline.max_calls)
         batch = Batch(calls=[Call(set=0, slot=0, seed=fresh_seed()) for _ in range(calls)], fresh_seed=fresh_seed())
         per_call = baseline.time_ms(batch) / calls
         with self._lock:

@@ -3,6 +3,7 @@ copy of the repository so nothing is written into the real one."""
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from flashbench.cli import run as run_command
 from flashbench.environment import hardware_name
 from flashbench.model import RunReport
 from flashbench.run import RunResult
+from flashbench.run.pool import DEVICE_THREAD
 from flashbench.traces import trace_path
 from trace_factory import CALIBRATION, make_trace
 
@@ -303,6 +305,33 @@ def test_ctrl_c_summarises_what_finished_and_prints_the_command_that_resumes(mod
         f" run --def mla_paged_decode --solution reference --workload smoke --device cpu --iters 3 --trace-dir "
         f"'{tmp_path / 'my traces'}' --resume")
     assert "Traceback" not in result.output
+
+
+def test_ctrl_c_with_a_device_thread_still_running_leaves_with_130_without_the_interpreters_shutdown(
+        module_repo, tmp_path, fake_runner, monkeypatch):
+    # A device thread still in the judge's own work when the pool stopped waiting: the shutdown under it
+    # could abort in CUDA's code, so the command leaves at once (os._exit), its output flushed first.
+    fake_runner([cpu_trace("reference", "smoke_mixed")], interrupt=True)
+    held = threading.Event()
+    thread = threading.Thread(target=held.wait, name=DEVICE_THREAD + "cuda:0", daemon=True)
+    thread.start()
+    left_with = []
+
+    def leave(code):
+        left_with.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(run_command.os, "_exit", leave)
+    try:
+        result = run_fake(module_repo, tmp_path)
+    finally:
+        held.set()
+        thread.join()
+    assert left_with == [130] and result.exit_code == 130, result.output
+    assert result.stderr.splitlines()[-1].startswith("interrupted after 1 finished pair(s); continue with:")
+    left_with.clear()
+    fake_runner([cpu_trace("reference", "smoke_mixed")], interrupt=True)  # no thread left: the usual exit
+    assert run_fake(module_repo, tmp_path).exit_code == 130 and left_with == []
 
 
 def test_ctrl_c_with_json_prints_the_partial_document(module_repo, tmp_path, fake_runner):

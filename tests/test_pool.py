@@ -17,7 +17,7 @@ from flashbench import FlashbenchError, Repo
 from flashbench.run import RunOptions, Runner, parse_devices, select_solutions, select_workloads
 from flashbench.run.jobs import DeviceUnusable
 from flashbench.run.plan import Job
-from flashbench.run.pool import DevicePool
+from flashbench.run.pool import DevicePool, device_threads_left
 from flashbench.run.recorder import TRACE_FILE_CHANGED
 from flashbench.run.session import JobOutcome
 from flashbench.run.supervisor import WorkerGone, WorkerProcess
@@ -90,7 +90,7 @@ def test_when_every_device_fails_the_run_ends(repo_copy, shared_cache, tmp_path)
         run_on(repo_copy, shared_cache, tmp_path, ["nodevice", BROKEN], solutions=[], workloads=["smoke_mixed"])
     assert "nodevice: it cannot be described: " in str(failed.value)  # no such device: no worker is started
     assert f"{BROKEN}: the device check failed: RuntimeError" in str(failed.value)
-    assert not any(t.is_alive() for t in threading.enumerate() if t.name.startswith("flashbench "))
+    assert device_threads_left() == []
 
 
 def test_a_worker_that_cannot_start_for_its_candidate_fails_that_candidate_not_the_device(repo_copy, shared_cache,
@@ -261,7 +261,7 @@ def test_an_error_in_a_device_thread_reaches_the_caller():
     with pytest.raises(FlashbenchError, match="cannot bind"):
         with DevicePool(Failing(), ["cpu", "cpu"]) as pool:
             list(pool.run(fake_jobs(2)))
-    assert not any(t.is_alive() for t in threading.enumerate() if t.name.startswith("flashbench "))
+    assert device_threads_left() == []
 
 
 def test_an_error_while_recording_ends_the_jobs_in_flight():
@@ -276,7 +276,7 @@ def test_an_error_while_recording_ends_the_jobs_in_flight():
                 raise RuntimeError("recording failed")
     (held,) = [worker for index, worker in judge.ran if index == 1]
     assert held.closed.is_set()
-    assert not any(t.is_alive() for t in threading.enumerate() if t.name.startswith("flashbench "))
+    assert device_threads_left() == []
 
 
 def test_a_single_unusable_device_is_named():

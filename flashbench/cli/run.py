@@ -1,6 +1,7 @@
 """`flashbench run` and `flashbench submit`."""
 
 import contextlib
+import os
 import shlex
 import sys
 import time
@@ -19,7 +20,8 @@ from ..model.run_report import HOST_CLOCK
 from ..model.trace import printable_line
 from ..registry import load_solution_folder
 from ..traces import TIMING_METHODS
-from ..run import RunOptions, RunResult, Runner, install_solution, sandbox, select_solutions, select_workloads
+from ..run import (RunOptions, RunResult, Runner, device_threads_left, install_solution, sandbox, select_solutions,
+                   select_workloads)
 from ..run.plan import check_name_is_its_own
 from ..run.recipe import DEFAULT_FLUSH, FLUSH_METHODS
 from . import INTERRUPTED, console, errors, main, repo_from
@@ -162,6 +164,13 @@ def resume_command(ctx: click.Context) -> str:
 
 def stop_interrupted(ctx: click.Context, finished: int, next_step: str) -> None:
     errors.print(f"interrupted after {finished} finished pair(s); {next_step}", highlight=False, soft_wrap=True)
+    if device_threads_left():
+        # The interpreter's shutdown under a thread still in PyTorch's CUDA code can abort ("terminate called
+        # without an active exception", exit 134 after the summary, seen on an H100). Every trace is written
+        # and closed as its pair ends, and everything is printed: the process leaves without that shutdown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(INTERRUPTED)
     ctx.exit(INTERRUPTED)
 
 

@@ -22,6 +22,7 @@ from .session import JobOutcome
 
 STARTS_BEFORE_OUT = 2  # failed device checks in a row that take a device out of the pool
 ABORT_WAIT_S = 10.0  # after an error, how long to wait for the device threads to end their jobs
+DEVICE_THREAD = "flashbench device "  # how a pool's threads are named: the prefix, then the device
 
 
 def parse_devices(spec: str) -> list[str]:
@@ -169,7 +170,7 @@ class DevicePool:
 
     def __enter__(self):
         for lane in self.lanes:
-            thread = threading.Thread(target=self._serve, args=(lane,), name=f"flashbench {lane.device}", daemon=True)
+            thread = threading.Thread(target=self._serve, args=(lane,), name=DEVICE_THREAD + lane.device, daemon=True)
             thread.start()
             self._threads.append(thread)
         return self
@@ -252,3 +253,10 @@ class DevicePool:
                 self._results.get(timeout=0.1).recorded.set()
             except queue.Empty:
                 waited += 0.1
+
+
+def device_threads_left() -> list[str]:
+    """The device threads of this process's pools still running: after an interrupt or an error, those that
+    did not end within ABORT_WAIT_S, held in the judge's own work (a reference on a large workload, a copy
+    off the device), which nothing cuts short."""
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith(DEVICE_THREAD)]

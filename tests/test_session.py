@@ -220,6 +220,18 @@ def test_a_warm_up_longer_than_the_slots_is_split_into_batches_that_share_no_slo
     assert (trace.status, trace.message) == ("PASSED", "")
 
 
+def test_a_device_that_cannot_hold_every_input_set_runs_the_job_on_fewer_and_records_how_many(
+        repo_copy, shared_cache, tmp_path, monkeypatch):
+    """On a GPU the judge keeps a job's sets, slots and copies within a share of the device's memory
+    (job_memory_budget, decided from the workload's sizes before the job, never from a worker's word):
+    a budget too small for more than one set here, as on a CPU nothing else sets one."""
+    monkeypatch.setattr(flashbench.run.session, "job_memory_budget", lambda device: 1)
+    result, _ = run(repo_copy, shared_cache, tmp_path / "traces", [FIXTURES / "correct_dps"])
+    (trace,) = result.traces
+    assert (trace.status, trace.message) == ("PASSED", "")
+    assert trace.performance.timing["input_sets"] == 1
+
+
 def test_warm_up_batches_give_every_call_a_slot_of_its_own():
     for graph, slots, warmup, sizes in [(False, 4, 10, [4, 4, 2]), (True, 4, 0, [1, 1, 1]), (False, 8, 5, [5])]:
         stand_in = job(graph=graph, slots=slots)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
-from ..dtypes import is_float, torch_dtype
+from ..dtypes import is_float
 from ..model import OutputError, Status
 from .arena import Arena, plan_layout, views
 from .judge.check import CheckedCall, Verdict, check_job
@@ -119,10 +119,10 @@ class Session:
     def _run(self, worker, workload, destination_passing) -> JobOutcome:
         settings = self.settings
         deadline = _Deadline(settings.timeout)
-        inputs = JobInputs(self.definition, workload, settings.set_seeds, self.device, settings.base_dir)
-        sets = len(settings.set_seeds)
-        out_bytes = sum(math.prod(shape) * torch.empty((), dtype=torch_dtype(dtype)).element_size() for dtype, shape in inputs.outputs.values())
-        slots = max(sets + 1, min(settings.max_batch, settings.slot_budget_bytes // max(out_bytes, 1)))
+        inputs = JobInputs(self.definition, workload, settings.set_seeds, self.device, settings.base_dir,
+                           budget_bytes=job_memory_budget(self.device))
+        sets = len(inputs.sets)
+        slots = max(sets + 1, min(settings.max_batch, settings.slot_budget_bytes // max(inputs.output_bytes, 1)))
         layout = plan_layout(inputs.tensors, inputs.scalars, inputs.outputs, sets, slots, self.flush.read_buffer)
         arena = self._open_arena(worker, workload, layout, deadline)
         try:
@@ -173,6 +173,21 @@ class Session:
         except (ValueError, RuntimeError) as exc:
             raise _Stop(JobOutcome(status="REJECTED", message=f"the worker's arena cannot be used: {exc}",
                                    log=worker.log_tail(), worker_usable=False)) from None
+
+
+# The share of a GPU's memory a job's input sets, output slots and the baseline's copies may take (sets_within
+# keeps to it with fewer sets); the rest is for the reference's and the solution's own work, the CUDA contexts
+# and the flush. Counted so, the largest MHA varlen workload (d_qk 192, 16 sequences of 128-8192 tokens) needs
+# about 74 GB with three sets at its mean length: the H200's 141 GB holds them, as in v7 and v8; an 80 GB
+# H100, which ran out with three, holds one.
+JOB_MEMORY_SHARE = 0.6
+
+
+def job_memory_budget(device: str) -> int | None:
+    """What a job's sets may take of the device (none on a CPU: the host's memory is not the judge's to divide)."""
+    if torch.device(device).type != "cuda":
+        return None
+    return int(JOB_MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory)
 
 
 # What a worker may report of its own failure once a job is open: its call failed, or its outputs are
@@ -482,6 +497,7 @@ class _Job:
                                              + ("an empty kernel" if device_type == "cuda" else "nothing") + " for the call",
             "batches": len(self.times.batch_ms), "calls_per_batch": self.times.batch_sizes[0],
             "checked_calls": len(self.reads) - len(self.arena_sets) - 1,
+            "input_sets": len(self.arena_sets),
             "steps_per_call_ms": self.steps_per_call_ms(),
             "worker_issue_share": self.issue_share(),
         }, "clocks": {

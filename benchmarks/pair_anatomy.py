@@ -88,7 +88,8 @@ def main() -> None:
     print(f"{'step':{width}}  {'times':>6}  {'total s':>8}  {'s a pair':>8}")
     for _, _, label in STEPS:
         if timer.counts[label]:
-            print(f"{label:{width}}  {timer.counts[label]:6d}  {timer.totals[label]:8.2f}  {timer.totals[label] / pairs:8.3f}")
+            total = timer.totals[label]
+            print(f"{label:{width}}  {timer.counts[label]:6d}  {total:8.2f}  {total / pairs:8.3f}")
 
 
 if __name__ == "__main__":

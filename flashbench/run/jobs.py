@@ -218,7 +218,8 @@ class JobJudge:
         """The harness's steps' cost per call on `workload`, measured by the judge alone. The caller
         sees to it that no solution's worker is alive on the device, so none can have left work there."""
         inputs = JobInputs(self.definition, workload, self.config.set_seeds[:1], device, self.config.definition_file.parent)
-        baseline = Baseline(inputs, self.flush(device), copies_outputs=False, max_calls=CleanSteps.CALLS[torch.device(device).type])
+        baseline = Baseline(inputs, self.flush(device), copies_outputs=False,
+                            max_calls=CleanSteps.CALLS[torch.device(device).type])
         self.clean_steps.measure(baseline, workload.uuid, device)
 
     def references_for(self, workload: Workload, device: str) -> None:

@@ -1,5 +1,6 @@
 """The dtype names a definition may use and their torch equivalents."""
 
+import math
 from typing import Literal
 
 import torch
@@ -25,6 +26,11 @@ def dtype_name(dtype: torch.dtype) -> str:
     """The definition's name for a torch dtype (inverse of torch_dtype)."""
     name = str(dtype).removeprefix("torch.")
     return {v: k for k, v in _TORCH_NAMES.items()}.get(name, name)
+
+
+def nbytes(name: str, shape) -> int:
+    """The bytes of a tensor of a definition's dtype name and this shape."""
+    return math.prod(shape) * torch_dtype(name).itemsize
 
 
 def is_float(name: str) -> bool:

@@ -29,7 +29,7 @@ import stat
 
 import torch
 
-from ..dtypes import dtype_name, torch_dtype
+from ..dtypes import dtype_name, nbytes, torch_dtype
 from .protocol import ArenaHandle, ArenaLayout, TensorSlot
 
 ALIGNMENT = 256
@@ -46,8 +46,7 @@ def plan_layout(inputs: dict[str, torch.Tensor], scalars: dict, outputs: dict[st
     def place(dtype: str, shape: list[int]) -> TensorSlot:
         nonlocal offset
         slot = TensorSlot(offset=offset, dtype=dtype, shape=shape)
-        nbytes = _numel(shape) * torch.empty((), dtype=torch_dtype(dtype)).element_size()
-        offset += -(-max(nbytes, 1) // ALIGNMENT) * ALIGNMENT
+        offset += -(-max(nbytes(dtype, shape), 1) // ALIGNMENT) * ALIGNMENT
         return slot
 
     input_slots = [{name: place(dtype_name(t.dtype), list(t.shape)) for name, t in inputs.items()} for _ in range(sets)]
@@ -213,10 +212,3 @@ def _current_context(index: int) -> None:
     """The driver calls above act on this thread's current context: make it the device's primary one."""
     torch.cuda.set_device(index)
     torch.cuda.current_stream(index).synchronize()
-
-
-def _numel(shape: list[int]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count

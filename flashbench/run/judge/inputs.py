@@ -9,14 +9,13 @@ same redraws on copies of its own, so it knows the inputs of every call (for the
 what the worker's sets must hold after each batch.
 """
 
-import math
 import secrets
 from pathlib import Path
 
 import torch
 
 from ...binding import bind_axes, output_shapes
-from ...dtypes import torch_dtype
+from ...dtypes import nbytes
 from ...model import Definition, Workload
 from ...workloads import generate_inputs, random_inputs
 from ..recipe import InputSets
@@ -34,25 +33,24 @@ class JobInputs:
         self.workload = workload
         self.device = device
 
-        def drawn(seed: int) -> dict:
+        def drawn_on_host(seed: int) -> dict:
             # The sets as drawn, which every job's arena starts from and the replay rewinds to, on the host: a GPU
             # then holds a job's inputs twice (the judge's current sets and the worker's arena), not three times
             # (on an 80 GB H100 the largest MHA varlen workloads did not fit so).
             return {name: value.cpu() if isinstance(value, torch.Tensor) else value  # no copy on a CPU: read only
                     for name, value in generate_inputs(definition, workload, seed, device, base_dir).items()}
 
-        first = drawn(set_seeds[0])
+        first = drawn_on_host(set_seeds[0])
         self.random_names = random_inputs(definition, workload)
         self.tensors = {name: value for name, value in first.items() if isinstance(value, torch.Tensor)}
         self.scalars = {name: value for name, value in first.items() if not isinstance(value, torch.Tensor)}
         shapes = output_shapes(definition, bind_axes(definition, first))
         self.outputs = {name: (spec.dtype, shapes[name]) for name, spec in definition.outputs.items()}
-        self.output_bytes = sum(math.prod(shape) * torch.empty((), dtype=torch_dtype(dtype)).element_size()
-                                for dtype, shape in self.outputs.values())
+        self.output_bytes = sum(nbytes(dtype, shape) for dtype, shape in self.outputs.values())
         count = len(set_seeds) if budget_bytes is None else sets_within(
             budget_bytes, len(set_seeds), sum(t.numel() * t.element_size() for t in self.tensors.values()),
             self.output_bytes)
-        self.sets = [first] + [drawn(seed) for seed in set_seeds[1:count]]
+        self.sets = [first] + [drawn_on_host(seed) for seed in set_seeds[1:count]]
         # What each set holds now, the calls made so far replayed on it; on the device.
         self.current = [_copied(s, device) for s in self.sets]
         self.replay = InputSets(definition, workload, self.current, self.random_names)

@@ -128,7 +128,7 @@ class Session:
         try:
             arena_sets = [views(arena.memory, s) for s in layout.sets]
             arena_slots = [views(arena.memory, s) for s in layout.slots]
-            for arena_set, made in zip(arena_sets, inputs.sets):
+            for arena_set, made in zip(arena_sets, inputs.current):  # no call made yet: the sets as drawn
                 for name, tensor in arena_set.items():
                     tensor.copy_(made[name])
             if layout.flush is not None:  # the bytes only the judge drew: the worker cannot make them again

@@ -33,14 +33,16 @@ class JobInputs:
         self.workload = workload
         self.device = device
 
-        def drawn_on_host(seed: int) -> dict:
-            # The sets as drawn, which every job's arena starts from and the replay rewinds to, on the host: a GPU
-            # then holds a job's inputs twice (the judge's current sets and the worker's arena), not three times
-            # (on an 80 GB H100 the largest MHA varlen workloads did not fit so).
-            return {name: value.cpu() if isinstance(value, torch.Tensor) else value  # no copy on a CPU: read only
-                    for name, value in generate_inputs(definition, workload, seed, device, base_dir).items()}
+        def drawn(seed: int) -> tuple[dict, dict]:
+            # The set as drawn, on the device, becomes the judge's current copy; a copy of it on the host is what the
+            # replay rewinds to: a GPU then holds a job's inputs twice (the judge's current sets and the worker's
+            # arena), not three times (on an 80 GB H100 the largest MHA varlen workloads did not fit so), and each
+            # set crosses to the host once, never back (a 1.2 GB decode set took about 0.5 s a crossing on an H100).
+            made = generate_inputs(definition, workload, seed, device, base_dir)
+            return ({name: value.to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
+                     for name, value in made.items()}, made)
 
-        first = drawn_on_host(set_seeds[0])
+        first, first_current = drawn(set_seeds[0])
         self.random_names = random_inputs(definition, workload)
         self.tensors = {name: value for name, value in first.items() if isinstance(value, torch.Tensor)}
         self.scalars = {name: value for name, value in first.items() if not isinstance(value, torch.Tensor)}
@@ -50,9 +52,10 @@ class JobInputs:
         count = len(set_seeds) if budget_bytes is None else sets_within(
             budget_bytes, len(set_seeds), sum(t.numel() * t.element_size() for t in self.tensors.values()),
             self.output_bytes)
-        self.sets = [first] + [drawn_on_host(seed) for seed in set_seeds[1:count]]
+        rest = [drawn(seed) for seed in set_seeds[1:count]]
+        self.sets = [first] + [host for host, _ in rest]
         # What each set holds now, the calls made so far replayed on it; on the device.
-        self.current = [_copied(s, device) for s in self.sets]
+        self.current = [first_current] + [current for _, current in rest]
         self.replay = InputSets(definition, workload, self.current, self.random_names)
         self.redrawn_names = self.replay.redrawn_names  # random inputs, then generated data
 

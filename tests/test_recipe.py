@@ -4,7 +4,9 @@ import time
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
+from flashbench.run import recipe
 from flashbench.run.protocol import Batch, Call
 from flashbench.run.recipe import (FLUSH_METHODS, LINK_PRIME, CallClock, InputSets, L2Flush, LinkedRedraw, flush_label,
                                    link_keys, link_values, negated_columns, mixed_link, output_link, release_cached_memory, run_batch,
@@ -91,6 +93,16 @@ def test_steps_keyed_by_given_links_still_compute_each_link_from_the_outputs():
                   CallClock("cpu", 3), outputs, [None, 101, 202] if given else None)
     assert read[True] == read[False] == [0, 1]
     assert keyed[True] == [None, 101, 202] and keyed[False][1:] != [101, 202]
+
+
+def test_an_output_link_of_large_outputs_is_summed_in_pieces_and_exact(monkeypatch):
+    monkeypatch.setattr(recipe, "LINK_PIECE_WORDS", 1 << 12)
+    output = torch.randint(-(1 << 15), 1 << 15, (1 << 16,), dtype=torch.int16).view(torch.bfloat16)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
+        link = output_link([output]).item()
+    assert link == sum(output.view(torch.int16).tolist())
+    # a sum into int64 copies its input first: a piece's copy, not the whole output's (512 KB here)
+    assert max(event.cpu_memory_usage for event in profiled.events()) <= 8 * (1 << 12)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.bool,

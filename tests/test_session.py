@@ -29,8 +29,9 @@ from flashbench.run import RunOptions, Runner, sandbox, select_solutions, select
 from flashbench.run.judge.check import CheckedCall
 from flashbench.run.judge.references import ReferenceStore
 from flashbench.run.options import MIN_BATCHES, TARGET_BATCH_MS
-from flashbench.run.session import PAUSE_ATTEMPTS, Session, SessionSettings, _Deadline, _Job, _poison, _Stop, _Times
-from flashbench.run.protocol import Batch, Call
+from flashbench.run.session import (CLOSE_TIMEOUT_S, PAUSE_ATTEMPTS, Session, SessionSettings, _Deadline, _Job, _poison,
+                                    _Stop, _Times, closed)
+from flashbench.run.protocol import Batch, Call, Close
 from flashbench.run.recipe import output_link
 from flashbench.run.supervisor import WorkerGone, WorkerProcess
 
@@ -286,7 +287,7 @@ def test_a_workloads_timeout_holds_for_all_of_its_requests_together():
     given = []
 
     class SlowWorker:
-        def timed_ask(self, request, timeout, fd=None):
+        def timed_ask(self, request, timeout, fd=None, on_receipt=None):
             given.append(timeout)
             if timeout < 0.05:
                 raise WorkerGone("TIMEOUT", f"no answer within {timeout:g} s", "log")
@@ -301,6 +302,24 @@ def test_a_workloads_timeout_holds_for_all_of_its_requests_together():
     assert gone.value.status == "TIMEOUT" and gone.value.log == "log"
     assert gone.value.message == "no answer within the workload's 0.12 s (its timeout, for all its requests)"
     assert given[0] <= 0.12 and given[1] < given[0] and given[2] < 0.05
+
+
+@pytest.mark.parametrize("answers", [True, False])
+def test_a_worker_gets_at_most_close_timeout_s_to_close_its_job(answers):
+    """A worker that never answered the Close held its lane for the rest of the workload's timeout on every
+    job, its verdict standing: it gets CLOSE_TIMEOUT_S, and a worker that does not close is not used again."""
+    given = []
+
+    class Worker:
+        def ask(self, request, timeout):
+            given.append((request, timeout))
+            if not answers:
+                raise WorkerGone("TIMEOUT", f"no answer within {timeout:g} s")
+
+    assert closed(Worker(), _Deadline(300.0)) is answers
+    assert isinstance(given[0][0], Close) and given[0][1] == CLOSE_TIMEOUT_S
+    closed(Worker(), _Deadline(0.5))
+    assert given[1][1] <= 0.5
 
 
 def test_a_call_linked_to_outputs_other_than_those_its_predecessor_left_is_rejected_picked_or_not():

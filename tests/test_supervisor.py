@@ -18,7 +18,7 @@ import pytest
 
 from flashbench import Repo
 from flashbench.model import Solution
-from flashbench.run import sandbox, select_workloads
+from flashbench.run import sandbox, select_workloads, supervisor
 from flashbench.run.arena import Arena, plan_layout, views
 from flashbench.run.judge.inputs import JobInputs
 from flashbench.run.protocol import MAX_FRAME_BYTES, Build, Close, Failed, Open, Probe, Ready, Setup
@@ -215,6 +215,32 @@ def test_a_reply_queued_ahead_of_its_request_is_refused(start, tmp_path):
         worker.ask(Probe(), 60)
     assert gone.value.status == "REJECTED" and "not asked for" in gone.value.message
     assert not worker.alive() and left_in(tmp_path / "workers") == []
+
+
+
+def test_what_the_judge_reads_at_a_reply_is_read_before_the_reply_is_parsed(tmp_path, monkeypatch):
+    """The judge's clock stops when a reply's bytes are in; parsing them takes as long as the worker makes its
+    frame (up to MAX_FRAME_BYTES of escaped duplicate keys: about 10 ms), and a worker that goes on writing its
+    outputs meanwhile must not be read after it did. `on_receipt` (where the judge copies the outputs) comes first."""
+    order = []
+
+    class Channel:
+        def pending(self):
+            return False
+
+        def send(self, request_frame, timeout):
+            order.append("sent")
+
+        def receive_json(self, timeout):
+            order.append("received")
+            return b'{"kind": "ready"}'
+
+    parse = supervisor.parse_reply
+    monkeypatch.setattr(supervisor, "parse_reply", lambda payload: order.append("parsed") or parse(payload))
+    worker = WorkerProcess(None, Channel(), tmp_path, tmp_path / "log", DEFAULT_LEVEL)
+    reply, elapsed_ms = worker.timed_ask(Probe(), 1.0, on_receipt=lambda: order.append("read"))
+    assert isinstance(reply, Ready) and elapsed_ms >= 0
+    assert order == ["sent", "received", "read", "parsed"]
 
 
 # Death by a signal.

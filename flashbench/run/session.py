@@ -138,11 +138,8 @@ class Session:
             # and after every graph replay (from the slot the graph was captured with): so does the baseline.
             copies = not destination_passing or self.settings.graph
             outcome = job.judge(Baseline(inputs, self.flush, copies_outputs=copies, max_calls=len(arena_slots)))
-            if worker.alive():
-                try:
-                    deadline.ask(worker, Close())
-                except WorkerGone:  # the verdict stands; the next job gets a fresh worker
-                    outcome.worker_usable = False
+            if worker.alive() and not closed(worker, deadline):
+                outcome.worker_usable = False  # the verdict stands; the next job gets a fresh worker
             return outcome
         finally:
             arena.close()
@@ -194,6 +191,19 @@ def job_memory_budget(device: str) -> int | None:
 # malformed. Anything else (a build or device failure) is a claim it has no business making there.
 JOB_FAILURES = frozenset({"INCORRECT_SHAPE", "INCORRECT_DTYPE", "RUNTIME_ERROR", "REJECTED"})
 PAUSE_ATTEMPTS = 3  # tries at stopping the sandbox for one batch's steps before the pair is REJECTED
+# How long a job's worker may take to close it (release its arena) once the verdict is in, within the workload's
+# timeout: a worker that never answered held its lane for the rest of that timeout on every job (a red team's
+# 40 s a job under `--timeout 40`), at no cost to its verdict. A worker releases an arena in well under a second.
+CLOSE_TIMEOUT_S = 10.0
+
+
+def closed(worker: WorkerProcess, deadline: "_Deadline") -> bool:
+    """Whether the worker closed its job (released its arena) within CLOSE_TIMEOUT_S and the workload's timeout."""
+    try:
+        worker.ask(Close(), min(CLOSE_TIMEOUT_S, max(deadline.end - time.monotonic(), 1e-3)))
+        return True
+    except WorkerGone:
+        return False
 
 
 def reported_failure(reply: Failed, log: str, worker_usable: bool) -> "_Stop":
@@ -221,9 +231,9 @@ class _Deadline:
     def ask(self, worker: WorkerProcess, request, fd: int | None = None):
         return self.timed_ask(worker, request, fd)[0]
 
-    def timed_ask(self, worker: WorkerProcess, request, fd: int | None = None):
+    def timed_ask(self, worker: WorkerProcess, request, fd: int | None = None, on_receipt=lambda: None):
         try:
-            return worker.timed_ask(request, max(self.end - time.monotonic(), 1e-3), fd)
+            return worker.timed_ask(request, max(self.end - time.monotonic(), 1e-3), fd, on_receipt)
         except WorkerGone as gone:
             if gone.status == "TIMEOUT":
                 raise WorkerGone("TIMEOUT", f"no answer within the workload's {self.seconds:g} s (its timeout, for "
@@ -374,19 +384,24 @@ class _Job:
             for tensor in slot.values():
                 _poison(tensor)
         _synchronize(self.session.device)
-        reply, elapsed_ms = self.deadline.timed_ask(self.worker, batch)
+        linked = linked_calls(calls)
+        read, expected_links = {}, {}
+
+        def observe() -> None:
+            # Copies taken the moment the reply is in (before it is parsed), nothing written later counts: the
+            # picked calls' outputs, on the host (they wait there for the job's end and are compared one call at a
+            # time; on the device, a job checking 8 calls of 2 GB outputs held 16 GB more, and the largest MHA
+            # varlen workloads did not fit an 80 GB H100); and every linked call's link, from the outputs the call
+            # before it left in its slot (each call of a batch has a slot of its own): checked for every call
+            # alike, not only the picked ones.
+            for k in picked:
+                read[k] = {name: tensor.to("cpu", copy=True) for name, tensor in self.arena_slots[calls[k].slot].items()}
+            expected_links.update(zip(linked, link_values(
+                [output_link(list(self.arena_slots[calls[k - 1].slot].values())) for k in linked])))
+
+        reply, elapsed_ms = self.deadline.timed_ask(self.worker, batch, on_receipt=observe)
         if not isinstance(self.unless_failed(reply), BatchDone):
             raise _Stop(self.rejected("the worker's reply does not match the batch it was sent"))
-        # Copies taken now, nothing written later counts: the picked calls' outputs, on the host (they wait there
-        # for the job's end and are compared one call at a time; on the device, a job checking 8 calls of 2 GB
-        # outputs held 16 GB more, and the largest MHA varlen workloads did not fit an 80 GB H100).
-        read = {k: {name: tensor.to("cpu", copy=True) for name, tensor in self.arena_slots[calls[k].slot].items()}
-                for k in picked}
-        # And every linked call's link, from the outputs the call before it left in its slot (each call of a batch
-        # has a slot of its own): checked for every call alike, not only the picked ones.
-        linked = linked_calls(calls)
-        expected_links = dict(zip(linked, link_values(
-            [output_link(list(self.arena_slots[calls[k - 1].slot].values())) for k in linked])))
         self.reject_leftovers()
         times = self.unless_failed(self.deadline.ask(self.worker, ReadTimes()))
         if not isinstance(times, CallTimes) or {len(times.event_ms), len(times.links), len(times.flushed)} != {len(calls)}:

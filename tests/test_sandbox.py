@@ -787,10 +787,14 @@ def test_the_worker_gets_an_allow_listed_environment(probe_dir, isolation, monke
     monkeypatch.setenv("XDG_CACHE_HOME", "/runner/cache")
     monkeypatch.setenv("TRITON_CACHE_DIR", "/runner/triton")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    for name in ("NVIDIA_API_KEY", "TRITON_SERVER_TOKEN", "NVIDIA_NGC_Password"):  # allowed prefixes, secret names
+        monkeypatch.setenv(name, "secret")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
     found = run_probe(probe_dir, isolation, sandbox.SandboxSpec(), "environment")
 
     assert "FLASHBENCH_SECRET_TEST" not in found and "XDG_CACHE_HOME" not in found
     assert "TRITON_CACHE_DIR" not in found and "HOME" not in found
+    assert "secret" not in found.values() and found["TRITON_INTERPRET"] == "0"
     assert found["CUDA_VISIBLE_DEVICES"] == "1" and found["PATH"] == os.environ["PATH"]
     assert found["PYTHONPATH"] == str(probe_dir)  # the extra on top
 

@@ -74,6 +74,9 @@ ALLOWED_VARIABLES = frozenset({
 })
 ALLOWED_PREFIXES = ("NVIDIA_", "TRITON_", "OPENBLAS_")
 DENIED_VARIABLES = frozenset({"TRITON_HOME"})  # and every *_DIR: directories are the caller's to set
+# Denied whatever their prefix: a name that says it holds a credential (NVIDIA_API_KEY, a common one on
+# NVIDIA's machines, passed the prefixes, and a red team's worker printed it into its trace's message).
+SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSW", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE", "CERT")
 # Directories of tools and libraries (os.pathsep-separated lists): they stay visible inside a hidden directory.
 TOOLCHAIN_VARIABLES = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH")
 
@@ -252,7 +255,7 @@ def worker_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _allowed_variable(name: str) -> bool:
-    if name in DENIED_VARIABLES or name.endswith("_DIR"):
+    if name in DENIED_VARIABLES or name.endswith("_DIR") or any(part in name.upper() for part in SECRET_NAME_PARTS):
         return False
     return name in ALLOWED_VARIABLES or name.startswith(ALLOWED_PREFIXES)
 

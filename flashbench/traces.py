@@ -7,6 +7,7 @@ leaves whole lines; a torn last line (power loss) is skipped on reading and fenc
 a newline before the next append.
 """
 
+import contextlib
 import os
 import re
 import sys
@@ -47,14 +48,26 @@ def check_writable(path: Path) -> None:
 
 
 def append_trace(path: Path, trace: Trace) -> None:
+    """Append one record whole, or nothing: a write that fails (a full disk) leaves the file as it was and is a
+    FlashbenchError, one line."""
     line = (trace.model_dump_json() + "\n").encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        if os.fstat(fd).st_size and not _ends_with_newline(path):
-            os.write(fd, b"\n")
-        os.write(fd, line)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        raise FlashbenchError(f"cannot write traces: {exc.strerror}", path) from None
+    size = os.fstat(fd).st_size
+    try:
+        if size and not _ends_with_newline(path):
+            line = b"\n" + line
+        while line:
+            line = line[os.write(fd, line):]
         os.fsync(fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        raise FlashbenchError(f"cannot write traces: {exc.strerror}; the file is as it was before this record",
+                              path) from None
     finally:
         os.close(fd)
 

@@ -26,7 +26,7 @@ from conftest import copy_repo
 from flashbench import FlashbenchError, Repo
 from flashbench.build import CACHE_DIR_NAME, MAX_FILE_BYTES
 from flashbench.cli import main
-from flashbench.run import RunOptions, Runner, jobs, select_solutions, select_workloads
+from flashbench.run import RunOptions, Runner, jobs, select_solutions, select_workloads, supervisor
 from flashbench.run.jobs import JobJudge, JudgeConfig
 from flashbench.run.options import GPU_CHECKED_CALLS
 from flashbench.run.plan import Job
@@ -123,6 +123,25 @@ def test_a_cuda_solution_without_its_toolchain_is_the_judges_missing_dependency(
     failure = jobs._failure_before_start(Candidate(tmp_path, solution, "h"))
     assert (failure.status, failure.message) == ("MISSING_DEPENDENCY",
                                                  "a CUDA solution needs nvcc (no CUDA toolkit found; set CUDA_HOME)")
+
+
+def test_a_build_directory_left_over_its_limit_is_rejected_and_emptied(repo_copy, shared_cache, tmp_path, monkeypatch):
+    """A solution's build directory outlives its runs: one filled with junk (a red team filled the disk so, and
+    every later run failed) gets the pair REJECTED and is emptied when its worker ends."""
+    monkeypatch.setattr(jobs, "BUILD_DIR_LIMIT_BYTES", 1 << 20)
+    monkeypatch.setattr(supervisor, "BUILD_DIR_LIMIT_BYTES", 1 << 20)
+    filler = standalone_copy("correct_dps", tmp_path / "fills_build_dir")
+    manifest = filler / "solution.yaml"
+    manifest.write_text(manifest.read_text().replace("name: correct_dps", "name: fills_build_dir"))
+    kernel = filler / "kernel.py"
+    kernel.write_text('import os\nos.makedirs(os.environ["HOME"], exist_ok=True)\n'
+                      'open(os.path.join(os.environ["HOME"], "junk"), "wb").write(os.urandom(3 << 20))\n' + kernel.read_text())
+    result = run_solutions(repo_copy, shared_cache, tmp_path, [filler, FIXTURES / "correct_dps"],
+                           workloads=["smoke_mixed"])
+    filled, correct = result.traces
+    assert filled.status == "REJECTED" and filled.message.startswith("its build directory holds 0.0 GiB, more than")
+    assert correct.status == "PASSED"
+    assert not list((shared_cache / "build").rglob("junk"))
 
 
 def test_hang_times_out_and_the_run_goes_on(repo_copy, shared_cache, tmp_path):

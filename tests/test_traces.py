@@ -231,3 +231,21 @@ def test_a_trace_message_is_one_printable_line():
     forged = Trace.model_validate({**trace.model_dump(), "message": "Error\x1b]52;c;ZXZpbA==\x07\x1b[2K\nnext\tline"})
     assert forged.message == "Error?]52;c;ZXZpbA==??[2K next line" and forged.message.isprintable()
     assert Trace.model_validate({**trace.model_dump(), "message": "µs — ok"}).message == "µs — ok"
+
+
+def test_a_record_the_disk_cannot_take_leaves_the_file_as_it_was_and_is_one_line(tmp_path, monkeypatch):
+    path = tmp_path / "t.jsonl"
+    append_trace(path, make_trace(0))
+    before = path.read_bytes()
+    write = os.write
+
+    def full_disk(fd, data):  # a part goes in, then the disk is full
+        if len(data) > 8:
+            return write(fd, data[:8])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("flashbench.traces.os.write", full_disk)
+    with pytest.raises(FlashbenchError) as failed:
+        append_trace(path, make_trace(1))
+    assert "No space left on device" in str(failed.value) and "\n" not in str(failed.value)
+    assert path.read_bytes() == before

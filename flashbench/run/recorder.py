@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import FlashbenchError
 from ..model import Trace
 from ..traces import append_trace, check_writable
 
@@ -51,8 +52,11 @@ class TraceRecorder:
         tampered = self.trace_file.read_bytes() != self._written
         if tampered:
             restored = self.trace_file.with_suffix(".restore")
-            restored.write_bytes(self._written)
-            restored.replace(self.trace_file)
+            try:
+                restored.write_bytes(self._written)
+                restored.replace(self.trace_file)
+            except OSError as exc:
+                raise FlashbenchError(f"cannot restore the trace file: {exc.strerror}", self.trace_file) from None
             trace = rejected(trace, TRACE_FILE_CHANGED)
         self.set_aside_foreign_files()
         append_trace(self.trace_file, trace)

@@ -48,6 +48,7 @@ UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-ch
            "--net", "--ipc"]
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REAP_TIMEOUT_S = 10.0
+DISK_BYTES_TIMEOUT_S = 60.0
 DEAD_STATES = ("Z", "X")  # /proc/PID/stat states of a thread that has ended
 
 # Covered by fresh tmpfs inside: whatever the worker needs from under them is bound back.
@@ -801,6 +802,17 @@ def _descendants(root: int, parents: dict[int, int]) -> set[int]:
                 found.add(child)
                 pending.append(child)
     return found
+
+
+def disk_bytes(path: Path) -> int | None:
+    """The disk space a folder a worker could write takes (blocks, so a sparse file counts what it holds), by
+    `du`, which walks any depth without following links; None when it cannot be measured."""
+    try:
+        done = subprocess.run(["du", "-s", "-B1", "-x", str(path)], capture_output=True, text=True,
+                              timeout=DISK_BYTES_TIMEOUT_S)
+        return int(done.stdout.split()[0])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
 
 
 def remove_tree(path: Path) -> None:

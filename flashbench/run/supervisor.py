@@ -17,6 +17,11 @@ from .protocol import (MAX_FRAME_BYTES, BatchDone, Channel, ChannelClosed, Chann
 
 LOG_TAIL_BYTES = 4000
 SPEC_FILE = "sandbox.json"  # in the exchange directory: the sandbox the worker starts in (SandboxSpec.write)
+# What a solution's build directory, which outlives its runs, may hold once a job is done: more is the pair's
+# REJECTED and the directory emptied when the worker ends. A red team filled the disk through it (1 GiB files,
+# then small ones): the run ended when its trace could not be written, and every later run when its folder
+# could not be staged.
+BUILD_DIR_LIMIT_BYTES = 4 << 30
 STOP_ROUNDS = 100  # listings of the sandbox's processes while stopping them (paused)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -42,8 +47,9 @@ class WorkerProcess:
     """One worker in its sandbox, for one solution on one device. A crash, hang or OOM ends only it."""
 
     def __init__(self, process: subprocess.Popen, channel: Channel, exchange_dir: Path, log_path: Path, isolation: str,
-                 fd_socket=None, log_fd: int | None = None):
+                 fd_socket=None, log_fd: int | None = None, build_dir: Path | None = None):
         self.process = process
+        self.build_dir = build_dir  # the solution's own, kept across runs (its compiled kernels and caches)
         self.channel = channel
         self.fd_socket = fd_socket  # the judge's sending end of the descriptor socket (a CPU arena's memfd)
         self.exchange_dir = exchange_dir
@@ -98,7 +104,7 @@ class WorkerProcess:
             os.close(to_worker)
             os.close(from_worker)
             worker_socket.close()
-        worker = cls(process, Channel(to_judge, from_judge), exchange, log_path, isolation, fd_socket, log_fd)
+        worker = cls(process, Channel(to_judge, from_judge), exchange, log_path, isolation, fd_socket, log_fd, build_dir)
         try:
             worker.channel.send(setup_frame)  # read before any solution code is imported
         except (ChannelClosed, ChannelTimeout):
@@ -220,8 +226,17 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def build_dir_overfull(self) -> str | None:
+        """What the solution's build directory holds, when that is more than BUILD_DIR_LIMIT_BYTES (or cannot
+        be measured)."""
+        held = sandbox.disk_bytes(self.build_dir) if self.build_dir is not None else 0
+        if held is None:
+            return "more than can be measured"
+        return f"{held / 2**30:.1f} GiB" if held > BUILD_DIR_LIMIT_BYTES else None
+
     def close(self) -> None:
-        """Ends the worker and everything in its sandbox; removes its files. Safe to call twice."""
+        """Ends the worker and everything in its sandbox; removes its files, and its solution's build directory
+        when that holds more than BUILD_DIR_LIMIT_BYTES. Safe to call twice."""
         if self.process.poll() is None:
             try:
                 self.channel.send(Stop(), timeout=2)
@@ -233,6 +248,8 @@ class WorkerProcess:
         if self.fd_socket is not None:
             self.fd_socket.close()  # an arena sent and never taken goes with it
         sandbox.remove_tree(self.exchange_dir)
+        if self.build_dir_overfull():
+            sandbox.remove_tree(self.build_dir)
         self.log_path.unlink(missing_ok=True)
         if self.log_fd is not None:
             os.close(self.log_fd)

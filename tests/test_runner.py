@@ -125,23 +125,29 @@ def test_a_cuda_solution_without_its_toolchain_is_the_judges_missing_dependency(
                                                  "a CUDA solution needs nvcc (no CUDA toolkit found; set CUDA_HOME)")
 
 
-def test_a_build_directory_left_over_its_limit_is_rejected_and_emptied(repo_copy, shared_cache, tmp_path, monkeypatch):
+@pytest.mark.parametrize("litter", [
+    'open(os.path.join(os.environ["HOME"], "junk"), "wb").write(os.urandom(3 << 20))',  # 3 MiB in one file
+    '[open(os.path.join(os.environ["HOME"], f"junk{i}"), "wb").close() for i in range(300)]',  # 300 empty files
+])
+def test_a_build_directory_left_over_its_limit_is_rejected_and_emptied(repo_copy, shared_cache, tmp_path, monkeypatch,
+                                                                       litter):
     """A solution's build directory outlives its runs: one filled with junk (a red team filled the disk so, and
-    every later run failed) gets the pair REJECTED and is emptied when its worker ends."""
-    monkeypatch.setattr(jobs, "BUILD_DIR_LIMIT_BYTES", 1 << 20)
-    monkeypatch.setattr(supervisor, "BUILD_DIR_LIMIT_BYTES", 1 << 20)
+    every later run failed; another, its inodes) gets the pair REJECTED and is emptied when its worker ends."""
+    for module in (jobs, supervisor):
+        monkeypatch.setattr(module, "BUILD_DIR_LIMIT_BYTES", 1 << 20)
+        monkeypatch.setattr(module, "BUILD_DIR_LIMIT_FILES", 100)
     filler = standalone_copy("correct_dps", tmp_path / "fills_build_dir")
     manifest = filler / "solution.yaml"
     manifest.write_text(manifest.read_text().replace("name: correct_dps", "name: fills_build_dir"))
     kernel = filler / "kernel.py"
-    kernel.write_text('import os\nos.makedirs(os.environ["HOME"], exist_ok=True)\n'
-                      'open(os.path.join(os.environ["HOME"], "junk"), "wb").write(os.urandom(3 << 20))\n' + kernel.read_text())
+    kernel.write_text(f'import os\nos.makedirs(os.environ["HOME"], exist_ok=True)\n{litter}\n' + kernel.read_text())
     result = run_solutions(repo_copy, shared_cache, tmp_path, [filler, FIXTURES / "correct_dps"],
                            workloads=["smoke_mixed"])
     filled, correct = result.traces
-    assert filled.status == "REJECTED" and filled.message.startswith("its build directory holds 0.0 GiB, more than")
+    assert filled.status == "REJECTED" and filled.message.startswith("its build directory holds ")
+    assert "GiB or 100 files a solution may keep there between runs; it was emptied" in filled.message
     assert correct.status == "PASSED"
-    assert not list((shared_cache / "build").rglob("junk"))
+    assert not list((shared_cache / "build").rglob("junk*"))
 
 
 def test_hang_times_out_and_the_run_goes_on(repo_copy, shared_cache, tmp_path):

@@ -27,7 +27,7 @@ from .plan import Candidate, Job
 from .protocol import Build, Failed, Probe, Setup
 from .recipe import L2Flush, release_cached_memory
 from .session import JobOutcome, Session, SessionSettings
-from .supervisor import BUILD_DIR_LIMIT_BYTES, WorkerGone, WorkerProcess
+from .supervisor import BUILD_DIR_LIMIT_BYTES, BUILD_DIR_LIMIT_FILES, WorkerGone, WorkerProcess
 
 # An idle worker holding more of its GPU than this is ended before the next job: on the H200 peers'
 # plan caches kept earlier jobs' arenas alive, 93-106 of 141 GB, and the next jobs ran out of memory.
@@ -162,8 +162,8 @@ class JobJudge:
         held = worker.build_dir_overfull()
         if held:  # emptied as the worker ends
             return JobOutcome(status="REJECTED", log=outcome.log, worker_usable=False, message=(
-                f"its build directory holds {held}, more than the {BUILD_DIR_LIMIT_BYTES / 2**30:g} GiB a solution "
-                "may keep there between runs; it was emptied"))
+                f"its build directory holds {held}, more than the {BUILD_DIR_LIMIT_BYTES / 2**30:g} GiB or "
+                f"{BUILD_DIR_LIMIT_FILES} files a solution may keep there between runs; it was emptied"))
         return outcome
 
     def settings(self, candidate: Candidate, device: str) -> SessionSettings:

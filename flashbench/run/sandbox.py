@@ -48,7 +48,7 @@ UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-ch
            "--net", "--ipc"]
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REAP_TIMEOUT_S = 10.0
-DISK_BYTES_TIMEOUT_S = 60.0
+DU_TIMEOUT_S = 60.0
 DEAD_STATES = ("Z", "X")  # /proc/PID/stat states of a thread that has ended
 
 # Covered by fresh tmpfs inside: whatever the worker needs from under them is bound back.
@@ -804,15 +804,18 @@ def _descendants(root: int, parents: dict[int, int]) -> set[int]:
     return found
 
 
-def disk_bytes(path: Path) -> int | None:
-    """The disk space a folder a worker could write takes (blocks, so a sparse file counts what it holds), by
-    `du`, which walks any depth without following links; None when it cannot be measured."""
+def disk_usage(path: Path) -> tuple[int, int] | None:
+    """The disk space (bytes of blocks, so a sparse file counts what it holds) and the inodes a folder a worker
+    could write takes, by `du`, which walks any depth without following links; None when it cannot be measured."""
     try:
-        done = subprocess.run(["du", "-s", "-B1", "-x", str(path)], capture_output=True, text=True,
-                              timeout=DISK_BYTES_TIMEOUT_S)
-        return int(done.stdout.split()[0])
+        return tuple(_du(path, flag) for flag in ("-B1", "--inodes"))
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return None
+
+
+def _du(path: Path, flag: str) -> int:
+    done = subprocess.run(["du", "-s", flag, "-x", str(path)], capture_output=True, text=True, timeout=DU_TIMEOUT_S)
+    return int(done.stdout.split()[0])
 
 
 def remove_tree(path: Path) -> None:

@@ -22,6 +22,7 @@ SPEC_FILE = "sandbox.json"  # in the exchange directory: the sandbox the worker 
 # then small ones): the run ended when its trace could not be written, and every later run when its folder
 # could not be staged.
 BUILD_DIR_LIMIT_BYTES = 4 << 30
+BUILD_DIR_LIMIT_FILES = 200_000  # and its files and folders: a second red team made 300,000 empty files in 3.5 s
 STOP_ROUNDS = 100  # listings of the sandbox's processes while stopping them (paused)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -227,12 +228,17 @@ class WorkerProcess:
         return self.process.poll() is None
 
     def build_dir_overfull(self) -> str | None:
-        """What the solution's build directory holds, when that is more than BUILD_DIR_LIMIT_BYTES (or cannot
-        be measured)."""
-        held = sandbox.disk_bytes(self.build_dir) if self.build_dir is not None else 0
-        if held is None:
+        """What the solution's build directory holds, when that is more than BUILD_DIR_LIMIT_BYTES or
+        BUILD_DIR_LIMIT_FILES (or cannot be measured)."""
+        if self.build_dir is None:
+            return None
+        usage = sandbox.disk_usage(self.build_dir)
+        if usage is None:
             return "more than can be measured"
-        return f"{held / 2**30:.1f} GiB" if held > BUILD_DIR_LIMIT_BYTES else None
+        held, files = usage
+        if held > BUILD_DIR_LIMIT_BYTES or files > BUILD_DIR_LIMIT_FILES:
+            return f"{held / 2**30:.1f} GiB in {files} files and folders"
+        return None
 
     def close(self) -> None:
         """Ends the worker and everything in its sandbox; removes its files, and its solution's build directory

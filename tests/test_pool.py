@@ -330,15 +330,28 @@ def test_a_build_that_fails_when_the_worker_is_started_again_is_the_jobs_outcome
     assert len(judge.ran) == 1
 
 
-def test_steps_are_measured_clean_with_no_worker_alive_and_once_per_workload():
+def test_steps_are_measured_clean_before_the_jobs_with_no_worker_alive_and_once_per_workload():
     judge = FakeJudge(seconds=0)
     judge.unmeasured = {"w0", "w1"}
     with DevicePool(judge, ["cpu"]) as pool:
         done = list(pool.run(fake_jobs(4)))  # workloads w0, w1, w0, w1 of one candidate
     assert [outcome.status for _, outcome, _ in done] == ["PASSED"] * 4
-    assert judge.measured == [("w0", 0), ("w1", 0)]  # the first job's worker was ended before w1's
+    assert judge.measured == [("w0", 0), ("w1", 0)]
     workers = [worker for _, worker in judge.ran]
-    assert workers[0] is not workers[1] and workers[1] is workers[2] is workers[3] and len(judge.starts) == 2
+    assert workers[0] is workers[1] is workers[2] is workers[3] and len(judge.starts) == 1
+
+
+def test_every_lanes_worker_is_ended_before_steps_are_measured_clean():
+    """A worker left from the phase before on another lane (a resumed run's second phase) could load the host
+    or its GPU while the judge times the steps alone: every lane's worker ends first."""
+    judge = FakeJudge(seconds=0)
+    with DevicePool(judge, ["cpu", "cpu"]) as pool:
+        list(pool.run(fake_jobs(4)))
+        assert len(judge.starts) - len(judge.closed) == 2  # both lanes hold a worker
+        judge.unmeasured = {"w0", "w1"}
+        done = list(pool.run(fake_jobs(4)))
+    assert [outcome.status for _, outcome, _ in done] == ["PASSED"] * 4
+    assert judge.measured == [("w0", 0), ("w1", 0)]
 
 
 def test_each_candidate_gets_a_worker_of_its_own():

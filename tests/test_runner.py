@@ -291,7 +291,7 @@ def test_how_many_timed_calls_are_checked(repo, tmp_path):
     assert judge_for(repo, tmp_path, device="cuda", checked_calls=0).settings(reference, "cuda").checked_calls == 0
 
 
-def test_a_gpu_job_of_a_solution_lacks_clean_steps_until_they_are_measured(repo, tmp_path):
+def test_a_job_of_a_solution_lacks_clean_steps_until_they_are_measured(repo, tmp_path):
     """The cap on the steps the judge takes away comes from the reference's jobs; where they did not
     run first (a resumed run, a Ray task), the judge measures the steps alone before the job."""
     runner = Runner(repo, DEFINITION, RunOptions(trace_dir=tmp_path, cache_dir=tmp_path / "cache"))
@@ -300,7 +300,7 @@ def test_a_gpu_job_of_a_solution_lacks_clean_steps_until_they_are_measured(repo,
     judge = judge_for(repo, tmp_path, device="cuda")  # a GPU run's options, without the GPU
     assert judge.lacks_clean_steps(Job(0, solution, workload), "cuda:0")
     assert not judge.lacks_clean_steps(Job(1, reference, workload), "cuda:0")  # it measures them itself
-    assert not judge.lacks_clean_steps(Job(2, solution, workload), "cpu")  # no cap on a CPU
+    assert judge.lacks_clean_steps(Job(2, solution, workload), "cpu")  # a CPU's steps are capped too
     judge.clean_steps._costs[(workload.uuid, "cuda:0")] = 0.2
     assert not judge.lacks_clean_steps(Job(3, solution, workload), "cuda:0")
 

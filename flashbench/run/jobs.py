@@ -215,10 +215,10 @@ class JobJudge:
         return total - free - torch.cuda.memory_reserved(device) > HELD_SHARE * total
 
     def lacks_clean_steps(self, job: Job, device: str) -> bool:
-        """A GPU job of a solution whose workload's steps were not measured clean (the reference's jobs
-        did not run before it: a resumed run, or a run on Ray, where each task has its own judge)."""
-        return (device.startswith("cuda") and job.candidate.solution.name != REFERENCE
-                and self.clean_steps.get(job.workload.uuid, device) is None)
+        """A job of a solution whose workload's steps were not measured clean (the reference's jobs did not
+        run before it: a resumed run, or a run on Ray, where each task has its own judge). On a CPU too: a red
+        team's resumed CPU run had no cap on what the judge subtracts (threat_model class 8)."""
+        return job.candidate.solution.name != REFERENCE and self.clean_steps.get(job.workload.uuid, device) is None
 
     def measure_clean_steps(self, workload: Workload, device: str) -> None:
         """The harness's steps' cost per call on `workload`, measured by the judge alone. The caller

@@ -71,8 +71,7 @@ class Lane:
             self.candidate = job.candidate
         failure = self.judge.known_failure(job.candidate)
         if failure is None and self.judge.lacks_clean_steps(job, self.device):
-            self.close()  # no solution's work may share the device while the judge times its steps alone
-            failure = self._prepare(lambda: self.judge.measure_clean_steps(job.workload, self.device))
+            failure = self.measure_clean_steps(job)
         if failure is None and self.worker is not None and self.judge.device_held_by_others(self.device):
             # What its earlier jobs left in the idle worker (a solution's caches holding their arenas)
             # is not the next job's to start with. The judge measures it before the job: no outcome
@@ -96,6 +95,11 @@ class Lane:
         if not outcome.worker_usable or not self.worker.alive():
             self.close()
         return outcome
+
+    def measure_clean_steps(self, job) -> JobOutcome | None:
+        """The steps' clean cost of the job's workload on this device; the pair's outcome if it cannot be."""
+        self.close()  # no solution's work may share the device while the judge times its steps alone
+        return self._prepare(lambda: self.judge.measure_clean_steps(job.workload, self.device))
 
     def _prepare(self, step) -> JobOutcome | None:
         """The judge's own work on a job's workload (its inputs drawn, its reference run); the pair's outcome
@@ -186,6 +190,7 @@ class DevicePool:
         self._release_threads(patience)
 
     def run(self, jobs):
+        self._measure_clean_steps(jobs)
         for job in jobs:
             self._jobs.put(job)
         left = len(jobs)
@@ -201,6 +206,25 @@ class DevicePool:
             finally:
                 result.recorded.set()
             left -= 1
+
+    def _measure_clean_steps(self, jobs) -> None:
+        """The steps' clean cost of each workload of `jobs` that lacks it on a device (the reference's jobs
+        measure it; a resumed run may skip them), measured before any of `jobs` starts, with no worker alive
+        on any device: a worker of one lane can load the host, or its GPU, while another lane's judge times
+        its steps alone (a red team's second worker of one solution spun the CPUs then, and with no cap its
+        sibling's time read 1 µs). Called between phases, while every lane waits for a job."""
+        first_of_workload = {}
+        for job in jobs:
+            first_of_workload.setdefault(job.workload.uuid, job)
+        wanted = [(lane, job) for lane in self.lanes for job in first_of_workload.values()
+                  if self.judge.lacks_clean_steps(job, lane.device)]
+        if not wanted:
+            return
+        for lane in self.lanes:
+            lane.close()
+        for lane, job in wanted:  # a workload that cannot be measured gets its outcome in its job (Lane.run)
+            if self.judge.lacks_clean_steps(job, lane.device):  # lanes of one kind of device share a measurement
+                lane.measure_clean_steps(job)
 
     def running(self) -> set[int]:
         """The jobs devices hold now, run or waiting to be recorded."""

@@ -13,14 +13,26 @@ from .model import Definition
 
 def reference_source(definition: Definition, root: Path) -> str:
     """The reference's Python source: the file it names under `root`, or the text the definition embeds."""
-    return (root / definition.reference).read_text() if definition.reference_is_path else definition.reference
+    return reference_file(definition, root, definition.name).read_text() if definition.reference_is_path \
+        else definition.reference
+
+
+def reference_file(definition: Definition, root: Path, where: object) -> Path:
+    """The file a definition's reference names, inside `root`: an absolute path, `..` or a link out of the
+    repository was imported as it was (a red team's imported dataset ran a file of its own choosing, again on
+    every later command)."""
+    path = (root / definition.reference).resolve()
+    if Path(definition.reference).is_absolute() or not path.is_relative_to(Path(root).resolve()):
+        raise FlashbenchError(f"the reference file {definition.reference} is outside the repository", where,
+                              "reference")
+    return path
 
 
 def load_reference(definition: Definition, root: Path, definition_file: Path | None = None) -> Callable:
     """The reference's `run`, checked against the definition's inputs."""
     where = definition_file or definition.name
     if definition.reference_is_path:
-        module = _import_file(root / definition.reference, where)
+        module = _import_file(reference_file(definition, root, where), where)
     else:
         module = _exec_source(definition.reference, definition.name, where)
     run = getattr(module, "run", None)

@@ -53,6 +53,28 @@ def test_missing_reference_file(repo_root):
     expect_reference_error(repo_root, "does not exist", f"{DECODE}.py")
 
 
+@pytest.mark.parametrize("named", ["absolute", "../outside.py", "references/link.py"])
+def test_a_reference_file_outside_the_repository_is_refused_and_never_imported(repo_root, tmp_path_factory, named):
+    outside = tmp_path_factory.mktemp("elsewhere") / "outside.py"
+    marker = outside.with_suffix(".ran")
+    outside.write_text(f"open({str(marker)!r}, 'w').close()\ndef run({INPUTS}):\n    pass\n")
+    if named == "absolute":
+        named = str(outside)
+    elif named == "../outside.py":
+        shutil.copy(outside, repo_root.parent / "outside.py")
+        marker = repo_root.parent / "outside.ran"
+        (repo_root.parent / "outside.py").write_text(outside.read_text().replace(str(outside.with_suffix(".ran")),
+                                                                                 str(marker)))
+    else:
+        (repo_root / named).symlink_to(outside)
+    text = definition_path(repo_root).read_text()
+    old = f"reference: references/mla_paged/{DECODE}.py"
+    assert old in text
+    definition_path(repo_root).write_text(text.replace(old, f"reference: {named}"))
+    expect_reference_error(repo_root, "is outside the repository")
+    assert not marker.exists()
+
+
 def test_reference_without_run(repo_root):
     reference_path(repo_root).write_text("def forward(q_nope):\n    return q_nope\n")
     expect_reference_error(repo_root, "no function 'run'")

@@ -440,17 +440,30 @@ def test_the_references_jobs_measure_the_clean_steps_and_the_others_are_capped_b
     assert stand_in.times.clean_step_ms == (None if trusted else 0.25)
 
 
-def test_the_judge_out_of_device_memory_is_the_pairs_outcome_not_the_runs_end(monkeypatch):
-    """A worker can hold the device's memory while the judge prepares and checks its job."""
+@pytest.mark.parametrize("error", [
+    torch.cuda.OutOfMemoryError("CUDA out of memory"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: not enough memory"),  # a GPU-sized job on a CPU
+    MemoryError(),
+])
+def test_the_judge_out_of_device_memory_is_the_pairs_outcome_not_the_runs_end(monkeypatch, error):
+    """A worker can hold the device's memory while the judge prepares and checks its job; a workload can be
+    larger than a CPU's memory."""
     session = object.__new__(Session)
 
     def full(*args):
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        raise error
 
     monkeypatch.setattr(session, "_run", full)
     outcome = session.run(SimpleNamespace(), SimpleNamespace(), True)
     assert outcome.status == "RUNTIME_ERROR" and not outcome.worker_usable
     assert "no memory left for the judge's own work" in outcome.message
+
+
+def test_a_judges_runtime_error_that_is_not_memory_stays_an_error(monkeypatch):
+    session = object.__new__(Session)
+    monkeypatch.setattr(session, "_run", lambda *args: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):
+        session.run(SimpleNamespace(), SimpleNamespace(), True)
 
 
 def timed(judge_ms, worker_ms, device="cpu") -> _Job:

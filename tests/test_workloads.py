@@ -346,13 +346,29 @@ def edit_workloads(root, name, edit):
     (lambda d: d["workloads"][1].update(axes={"batch_size": 4, "num_pages": 9}, generate=[], inputs={
         **d["workloads"][1]["inputs"],
         "kv_indptr": {"type": "safetensors", "path": "nope.safetensors", "tensor_key": "x"}}), "does not exist"),
+    # a malformed blob, and a page pool past any memory, ended validate in a traceback
+    (lambda d: d["workloads"][1].update(axes={"batch_size": 4, "num_pages": 9}, generate=[], inputs={
+        **d["workloads"][1]["inputs"],
+        "kv_indptr": {"type": "safetensors", "path": "garbage.safetensors", "tensor_key": "x"}}),
+     "cannot be read as safetensors"),
+    (lambda d: d["workloads"][1]["generate"][0].update(page_pool=10 ** 12), "does not fit in memory here"),
 ])
 def test_validate_reports_bad_workloads(root, edit, message):
+    (root / "definitions" / "mla_paged" / "garbage.safetensors").write_bytes(b"\xff" * 64)
     path = edit_workloads(root, DECODE, edit)
     results = {c.path: c for c in validate(Repo(root), [root / "definitions" / "mla_paged"])}
     assert not results[path].ok
     assert str(path) in results[path].error and message in results[path].error
     assert sum(not c.ok for c in results.values()) == 1
+
+
+
+def test_a_workload_file_with_yaml_aliases_is_refused_before_it_is_built(root):
+    """Nested aliases let 735 bytes stand for more than any memory: validate grew until it ran out."""
+    path = root / "definitions" / "mla_paged" / f"{DECODE}.workloads.yaml"
+    path.write_text(path.read_text() + "x0: &a [1, 1]\nx1: [*a, *a]\n")
+    results = {c.path: c for c in validate(Repo(root), [root / "definitions" / "mla_paged"])}
+    assert not results[path].ok and "a YAML alias" in results[path].error
 
 
 # Captured tensors, the way FlashInfer-Bench datasets store index tensors.

@@ -18,12 +18,14 @@ _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w\[\]]*(?:\.[\w\[\]]+)*): (.*)$", re.S
 
 
 def read_document(path: Path) -> object:
-    """Parse a .yaml/.yml/.json file; syntax errors name the line."""
+    """Parse a .yaml/.yml/.json file; syntax errors name the line. Checked as untrusted (no alias, no deep
+    nesting): a definition or workload file may come from anyone too (a 735-byte workload file of nested
+    aliases took every byte of memory `validate` could have)."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
         raise FlashbenchError(f"cannot read: {exc.strerror}", path) from None
-    return parse_document(text, path)
+    return parse_document(text, path, untrusted=True)
 
 
 # How deep an untrusted document may nest. libyaml's composer recurses once per level in C: a manifest
@@ -122,7 +124,7 @@ def _first_error(errors: list[dict], path: Path) -> FlashbenchError:
     field = ".".join(str(part) for part in error["loc"]) or None
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "literal_error" and "input" in error:
-        message = f"{error['input']!r} is not allowed; {message.lower()}"
+        message = f"{_shortened(repr(error['input']))} is not allowed; {message.lower()}"
     if error["type"] == "extra_forbidden":
         message = "unknown key"
     lifted = _FIELD_PREFIX.match(message) if error["type"] == "value_error" else None
@@ -133,3 +135,7 @@ def _first_error(errors: list[dict], path: Path) -> FlashbenchError:
     if more:
         message += f" (and {more} more problem{'s' if more > 1 else ''})"
     return FlashbenchError(message, path, field)
+
+
+def _shortened(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."

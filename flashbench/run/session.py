@@ -110,7 +110,12 @@ class Session:
             return JobOutcome(status=gone.status, message=gone.message, log=gone.log, worker_usable=False)
         except _Stop as stop:
             return stop.outcome
-        except torch.cuda.OutOfMemoryError:  # the judge's own: a large workload, or a worker holding the device
+        except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+            # The judge's own: a large workload, or a worker holding the device; on a CPU, a GPU-sized workload
+            # (torch's CPU allocator raises a RuntimeError: that one run ended with a traceback).
+            if isinstance(exc, RuntimeError) and not isinstance(exc, torch.cuda.OutOfMemoryError) \
+                    and "DefaultCPUAllocator" not in str(exc):
+                raise
             return JobOutcome(status="RUNTIME_ERROR", worker_usable=False,
                               message="the device had no memory left for the judge's own work on the job: "
                                       "the workload's input sets, the judge's copies of them and what the "

@@ -82,7 +82,10 @@ def check_workload(definition: Definition, workload: Workload, base_dir: Path) -
     for name in workload.inputs:
         if name not in definition.inputs:
             raise BindingError(f"inputs.{name}: not an input of {definition.name}")
-    generate_inputs(definition, workload, seed=0, device="meta", base_dir=base_dir)
+    try:
+        generate_inputs(definition, workload, seed=0, device="meta", base_dir=base_dir)
+    except MemoryError as exc:  # index structure past this machine's memory (a page pool of 10^12)
+        raise BindingError(f"its index structure does not fit in memory here: {str(exc)[:200]}") from None
 
 
 def random_seed(seed: int, workload: Workload, name: str) -> int:

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from ..dtypes import dtype_name, is_float, torch_dtype
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
@@ -91,10 +91,13 @@ def safetensors_tensor(spec: SafetensorsInput, base: Path, dtype: str, device: s
     path = (base / spec.path).resolve()
     if not path.is_file():
         raise ValueError(f"safetensors file {path} does not exist")
-    with safe_open(str(path), framework="pt") as blob:
-        if spec.tensor_key not in blob.keys():
-            raise ValueError(f"{path} has no tensor {spec.tensor_key!r} (keys: {', '.join(blob.keys())})")
-        tensor = blob.get_tensor(spec.tensor_key)
+    try:
+        with safe_open(str(path), framework="pt") as blob:
+            if spec.tensor_key not in blob.keys():
+                raise ValueError(f"{path} has no tensor {spec.tensor_key!r} (keys: {', '.join(blob.keys())})")
+            tensor = blob.get_tensor(spec.tensor_key)
+    except (SafetensorError, OSError, MemoryError) as exc:  # a malformed header, a size past memory, no file
+        raise ValueError(f"{path} cannot be read as safetensors: {str(exc)[:200]}") from None
     if tensor.dtype != torch_dtype(dtype):
         raise ValueError(f"{path}:{spec.tensor_key} is {dtype_name(tensor.dtype)}, the definition says {dtype}")
     return tensor.to(device)

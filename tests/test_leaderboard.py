@@ -14,6 +14,7 @@ from flashbench.calibrate import save_calibration
 from flashbench.cli import main
 from flashbench.errors import FlashbenchError
 from flashbench.leaderboard import build_boards, traces_frame
+from flashbench.leaderboard.formats import markdown
 from flashbench.model import Workload
 from flashbench.traces import append_trace, trace_path
 
@@ -363,3 +364,16 @@ def test_a_real_cpu_run_makes_a_leaderboard(fresh_repo, tmp_path):
                                          "--def", "mla_paged_decode", "--trace-dir", str(traces)])
     assert compared.exit_code == 0, compared.output
     assert "torch_vectorized is" in compared.output and f"(geomean of {smoke} workloads)" in compared.output
+
+
+def test_text_from_traces_stays_text_in_markdown():
+    """A trace file, or an imported dataset's, may name a solution or a device anything: no HTML, heading or
+    terminal escape of theirs reaches a Markdown board, and no name breaks its table."""
+    hostile = "<img src=x onerror=alert(1)>|x\n## Injected \x1b]52;c;AAAA\x07"
+    traces = [make_trace(hostile, "W1-1", 1.0, hardware="gpu x"), make_trace("plain", "W1-1", 2.0, hardware="gpu x",
+                                                                            device="<script>cuda</script>")]
+    text = markdown([board_of(traces)])
+    assert "<img" not in text and "<script>" not in text and "\x1b" not in text and "\n## Injected" not in text
+    assert "&lt;img src=x onerror=alert(1)&gt;\\|x ## Injected" in text
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert len({line.count("|") - line.count("\\|") for line in table}) == 1  # every row has the header's cells

@@ -5,6 +5,7 @@ import math
 
 import pandas as pd
 
+from ..model.trace import printable_line
 from .board import FAST_P, VIEW_COLUMNS, Board
 from .compare import Comparison
 
@@ -80,9 +81,21 @@ def markdown(boards: list[Board], by_workload: bool = False) -> str:
     parts = []
     for board in boards:
         table = by_workload_display(board) if by_workload else ranking_display(board)
-        parts += [f"## {board_title(board)}", "", *[f"- {note}" for note in board.notes], "",
-                  table.to_markdown(index=False), ""]
+        parts += [f"## {markdown_text(board_title(board))}", "", *[f"- {markdown_text(note)}" for note in board.notes],
+                  "", markdown_table(table), ""]
     return "\n".join(parts)
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """`table` as Markdown, every text cell as text (markdown_text)."""
+    return table.map(lambda cell: markdown_text(cell) if isinstance(cell, str) else cell).to_markdown(index=False)
+
+
+def markdown_text(text: str) -> str:
+    """Text from a trace (a solution's name, a device's, a message) shown as text in Markdown: one line of
+    printable characters, no HTML and no cell break. A trace file, or an imported dataset's, may hold any
+    string there: `<img onerror=...>`, a newline and a heading, a terminal's escape sequences got through."""
+    return printable_line(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
 
 
 def csv(boards: list[Board], by_workload: bool = False) -> str:

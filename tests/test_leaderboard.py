@@ -377,3 +377,13 @@ def test_text_from_traces_stays_text_in_markdown():
     assert "&lt;img src=x onerror=alert(1)&gt;\\|x ## Injected" in text
     table = [line for line in text.splitlines() if line.startswith("|")]
     assert len({line.count("|") - line.count("\\|") for line in table}) == 1  # every row has the header's cells
+
+
+def test_a_record_with_a_date_or_timing_fields_of_the_wrong_kind_does_not_end_the_board():
+    """A trace file may say anything in the fields the schema leaves free: one such record ended every board."""
+    odd = make_trace("odd", "W1-1", 1.0, hardware="gpu x", timestamp="not-a-date",
+                     timing={**EVENTS, "worker_issue_share": "high", "l2_flush_bytes": "lots"})
+    frame = traces_frame([odd, make_trace("plain", "W1-1", 2.0, hardware="gpu x")])
+    assert frame["time"].isna().tolist() == [True, False]
+    assert pd.isna(frame["l2_state"].tolist()[0]) and not frame["host_bound"].tolist()[0]
+    assert row(board_of([odd, make_trace("plain", "W1-1", 2.0, hardware="gpu x")]), "odd")["passed"] == 1

@@ -44,10 +44,12 @@ def traces_frame(traces: Iterable[Trace]) -> pd.DataFrame:
             "bytes": perf.bytes if perf and perf.bytes is not None else np.nan,
             "flops": perf.flops if perf and perf.flops is not None else np.nan,
             "timing_method": timing.get("method"), "l2_state": l2_state(timing), "device": t.environment.get("device"),
-            "isolation": t.isolation, "host_bound": (timing.get("worker_issue_share") or 0.0) >= HOST_BOUND_SHARE,
+            "isolation": t.isolation, "host_bound": _number(timing.get("worker_issue_share")) >= HOST_BOUND_SHARE,
         })
     frame = pd.DataFrame(rows, columns=COLUMNS)
-    frame["time"] = pd.to_datetime(frame["timestamp"], utc=True, format="ISO8601")
+    # A record's time that is no date (a trace file, or an imported dataset's, may say anything) is unknown: it
+    # ended every board of every hardware with a traceback.
+    frame["time"] = pd.to_datetime(frame["timestamp"], utc=True, format="ISO8601", errors="coerce")
     frame["order"] = range(len(frame))  # breaks ties between runs recorded in the same second
     frame["stale"] = False
     frame["in_repository"] = False
@@ -68,8 +70,20 @@ def l2_state(timing: dict) -> str | None:
         return timing["l2_flush"]
     if "l2_flush_bytes" not in timing:
         return None
-    flushed = timing["l2_flush_bytes"]
+    flushed = _number(timing["l2_flush_bytes"])
+    if np.isnan(flushed):
+        return None
     return f"flushed ({flushed / 2**20:.0f} MiB)" if flushed else "not flushed"
+
+
+def _number(value) -> float:
+    """A timing field as a number: 0 when absent, NaN when it is not one (a record's fields are free-form)."""
+    if value is None:
+        return 0.0
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return np.nan
 
 
 def read_results(trace_dir: Path, definition: str, hardware: str | None = None, timing: str = "events",

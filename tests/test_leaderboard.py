@@ -387,3 +387,12 @@ def test_a_record_with_a_date_or_timing_fields_of_the_wrong_kind_does_not_end_th
     assert frame["time"].isna().tolist() == [True, False]
     assert pd.isna(frame["l2_state"].tolist()[0]) and not frame["host_bound"].tolist()[0]
     assert row(board_of([odd, make_trace("plain", "W1-1", 2.0, hardware="gpu x")]), "odd")["passed"] == 1
+
+
+@pytest.mark.parametrize("latency_ms", [-0.013, -math.inf, math.inf])
+def test_a_time_no_clock_gives_is_unknown_and_never_the_fastest(latency_ms):
+    traces = [make_trace("impossible", "W1-1", latency_ms, hardware="gpu x"),
+              make_trace("plain", "W1-1", 2.0, hardware="gpu x")]
+    assert traces_frame(traces)["latency_ms"].isna().tolist() == [True, False]
+    board = board_of(traces)
+    assert row(board, "plain")["rank"] < row(board, "impossible")["rank"]

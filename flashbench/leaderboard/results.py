@@ -38,7 +38,7 @@ def traces_frame(traces: Iterable[Trace]) -> pd.DataFrame:
             "workload": t.workload, "workload_name": t.workload_name, "solution": t.solution,
             "solution_hash": t.solution_hash, "solution_tags": list(t.solution_tags), "status": t.status,
             "message": t.message, "timestamp": t.timestamp,
-            **{column: getattr(perf, column) if perf else np.nan
+            **{column: _time(getattr(perf, column)) if perf else np.nan
                for column in ("latency_ms", "ci_low_ms", "ci_high_ms", "p10_ms", "p90_ms")},
             "spread_pct": spread_pct(perf) if perf else np.nan,
             "bytes": perf.bytes if perf and perf.bytes is not None else np.nan,
@@ -74,6 +74,12 @@ def l2_state(timing: dict) -> str | None:
     if np.isnan(flushed):
         return None
     return f"flushed ({flushed / 2**20:.0f} MiB)" if flushed else "not flushed"
+
+
+def _time(ms: float) -> float:
+    """A recorded time, unless it is none a clock gives (negative or infinite: a trace file may say anything, and
+    `compare` called -13 µs the fastest): then unknown, as a missing time is."""
+    return ms if 0 <= ms < np.inf else np.nan
 
 
 def _number(value) -> float:

@@ -110,11 +110,8 @@ class Session:
             return JobOutcome(status=gone.status, message=gone.message, log=gone.log, worker_usable=False)
         except _Stop as stop:
             return stop.outcome
-        except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError) as exc:
-            # The judge's own: a large workload, or a worker holding the device; on a CPU, a GPU-sized workload
-            # (torch's CPU allocator raises a RuntimeError: that one run ended with a traceback).
-            if isinstance(exc, RuntimeError) and not isinstance(exc, torch.cuda.OutOfMemoryError) \
-                    and "DefaultCPUAllocator" not in str(exc):
+        except (MemoryError, RuntimeError) as exc:  # the judge's own: a large workload, or a worker holding the device
+            if not _out_of_memory(exc):
                 raise
             return JobOutcome(status="RUNTIME_ERROR", worker_usable=False,
                               message="the device had no memory left for the judge's own work on the job: "
@@ -200,6 +197,12 @@ PAUSE_ATTEMPTS = 3  # tries at stopping the sandbox for one batch's steps before
 # timeout: a worker that never answered held its lane for the rest of that timeout on every job (a red team's
 # 40 s a job under `--timeout 40`), at no cost to its verdict. A worker releases an arena in well under a second.
 CLOSE_TIMEOUT_S = 10.0
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` says the device ran out of memory: CUDA's error, Python's, or torch's CPU allocator, which
+    raises a plain RuntimeError (a GPU-sized workload on a CPU ended a run with a traceback so)."""
+    return isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)) or "DefaultCPUAllocator" in str(exc)
 
 
 def closed(worker: WorkerProcess, deadline: "_Deadline") -> bool:

@@ -242,7 +242,7 @@ class WorkerProcess:
 
     def close(self) -> None:
         """Ends the worker and everything in its sandbox; removes its files, and its solution's build directory
-        when that holds more than BUILD_DIR_LIMIT_BYTES. Safe to call twice."""
+        when that is over its limits (build_dir_overfull). Safe to call twice."""
         if self.process.poll() is None:
             try:
                 self.channel.send(Stop(), timeout=2)

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from .errors import FlashbenchError
 from .model import Trace
+from .model.loading import bounded_lines
 
 
 def hardware_slug(name: str) -> str:
@@ -79,14 +80,26 @@ def read_traces(path: Path) -> list[Trace]:
     traces = []
     # Records are split on b"\n" only: JSON leaves U+2028, U+0085 and the like unescaped, which
     # str.splitlines would cut at; a torn line may also end inside a multi-byte character.
-    for number, line in enumerate(Path(path).read_bytes().split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            traces.append(Trace.model_validate_json(line.decode("utf-8")))
-        except (ValidationError, UnicodeDecodeError):
-            print(f"warning: {path}: line {number} is not a valid trace; skipped", file=sys.stderr)
+    with open(path, "rb") as handle:
+        for number, line in bounded_lines(handle):
+            if line is not None and not line.strip():
+                continue
+            trace = _parsed(line)
+            if trace is None:
+                print(f"warning: {path}: line {number} is not a valid trace; skipped", file=sys.stderr)
+            else:
+                traces.append(trace)
     return traces
+
+
+def _parsed(line: bytes | None) -> Trace | None:
+    """The trace a line holds; None for a line that holds none, or is too long to read (None)."""
+    if line is None:
+        return None
+    try:
+        return Trace.model_validate_json(line.decode("utf-8"))
+    except (ValidationError, UnicodeDecodeError):
+        return None
 
 
 def _ends_with_newline(path: Path) -> bool:

@@ -183,6 +183,7 @@ def adversarial_run(request) -> Outcome:
     # All of it outside /tmp: a sandboxed worker sees a fresh /tmp, so paths there (trace files to
     # attack, the fixtures' shared helpers beside their folders) would not be the host's.
     tmp = Path(tempfile.mkdtemp(prefix="flashbench-adversarial-", dir="/var/tmp"))
+    tmp.chmod(0o755)  # a root runner's workers run as a uid of their own where it can reach the cache in here
     request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
     outcome = Outcome(evidence=tmp / "evidence" / "pickle-ran", cache=tmp / "cache")
     outcome.evidence.parent.mkdir()

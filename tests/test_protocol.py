@@ -49,6 +49,22 @@ def test_a_frame_made_ahead_arrives_as_its_message(pipe_pair):
     assert parse_request(worker.receive_json(timeout=5)) == batch == parse_request(worker.receive_json(timeout=5))
 
 
+@pytest.mark.parametrize("timeout", [5, None])
+def test_a_reply_counts_as_arrived_at_its_first_byte(pipe_pair, timeout):
+    """The judge stops its clock and reads the outputs at a reply's first byte: a worker that writes one
+    byte, makes its call, then writes the rest, has made the call after its reply."""
+    judge, worker = pipe_pair
+    whole = frame(BatchDone())
+    os.write(worker.write_fd, whole[:1])
+    arrived = []
+
+    def on_arrival():
+        arrived.append(True)
+        os.write(worker.write_fd, whole[1:])  # the rest, only once the judge has taken the reply as arrived
+
+    assert parse_reply(judge.receive_json(timeout, on_arrival)) == BatchDone() and arrived == [True]
+
+
 def test_a_request_the_worker_never_reads_times_out_instead_of_blocking_the_judge(pipe_pair):
     """A worker that stops reading (and shrinks its pipe to a page) must not hold the judge in os.write: a
     request larger than the pipe, on the judge's non-blocking end, fails at its deadline."""

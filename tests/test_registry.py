@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from flashbench import FlashbenchError, Repo, validate
+from flashbench.model import loading
 from flashbench.build import content_hash, folder_files, folder_problem, same_content
 from flashbench.registry import find_root, load_solution_folder
 from flashbench.run import RunOptions, Runner, install_solution, select_workloads
@@ -243,6 +244,14 @@ def test_an_oversized_manifest_is_refused_with_one_line(root):
     with pytest.raises(FlashbenchError) as info:
         load_solution_folder(path)
     assert "a manifest may have 64 KiB" in info.value.message and info.value.file == str(path / "solution.yaml")
+
+
+def test_a_file_larger_than_a_document_may_be_is_refused_unread(tmp_path, monkeypatch):
+    monkeypatch.setattr(loading, "MAX_DOCUMENT_BYTES", 1024)
+    path = tmp_path / "solution.yaml"
+    path.write_text("name: x\n" + "# padding\n" * 200)
+    with pytest.raises(FlashbenchError, match=f"{path}: larger than 0 MiB"):
+        loading.read_document(path)
 
 
 def test_a_manifest_with_yaml_aliases_is_refused(root):

@@ -285,6 +285,23 @@ PROBE = textwrap.dedent(r'''
         return {"mem": outcome(lambda: os.close(os.open(f"/proc/{pid}/mem", os.O_RDONLY)))}
 
 
+    def tasks(root_file, writable_dir):
+        """Threads until the kernel refuses one (at most 2000), then a read of a file only root may read, and a
+        write in its writable folder."""
+        import threading
+        release, started = threading.Event(), 0
+        try:
+            while started < 2000:
+                threading.Thread(target=release.wait, daemon=True).start()
+                started += 1
+        except RuntimeError:  # "can't start new thread"
+            pass
+        release.set()
+        return {"threads": started, "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0],
+                "root_file": outcome(lambda: open(root_file).close()),
+                "write": outcome(lambda: write(os.path.join(writable_dir, "made")))}
+
+
     def cuda_starts():
         """The first CUDA call, as a GPU solution's first launch makes it."""
         import torch
@@ -884,3 +901,95 @@ def test_remove_tree_follows_no_link_swapped_in_for_a_folder_half_way(tmp_path, 
     assert (victim / "precious").read_text() == "kept" and sorted(os.listdir(victim)) == ["precious"]
     assert victim.stat().st_mode & 0o777 == 0o750  # not made the runner's own either
     assert not top.exists()
+
+
+# A root runner's workers, as a uid of their own.
+
+@pytest.fixture
+def worker_uid(monkeypatch) -> int:
+    """The worker uid, with an interpreter it can start (the tests' own may lie in root's home): the probe and
+    the sandbox need the standard library alone."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root runner runs its workers as a uid of their own")
+    uid = sandbox.configured_worker_uid()
+    for interpreter in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        try:
+            started = subprocess.run([interpreter, "-c", ""], capture_output=True, timeout=60,
+                                     **sandbox.WorkerAccount(uid).popen_options())
+        except OSError:  # missing, or in a folder the uid cannot reach
+            continue
+        if started.returncode == 0:
+            monkeypatch.setattr(sys, "executable", interpreter)
+            return uid
+    pytest.skip(f"no interpreter here that uid {uid} can start")
+
+
+@pytest.fixture
+def open_dir():
+    """A folder every uid may read, outside /tmp (pytest's folders are root's alone)."""
+    if not os.path.isdir("/var/tmp"):
+        pytest.skip("no /var/tmp")
+    folder = Path(tempfile.mkdtemp(prefix="flashbench-sandbox-test-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_root_runners_worker_runs_as_its_own_uid_and_its_threads_are_counted(worker_uid, open_dir, isolation):
+    """RLIMIT_NPROC spares root, and root mapped to root is root to the kernel: a worker that took every
+    thread the kernel would give left the judge's other lanes none."""
+    probe, writable, secret = open_dir / "probe", open_dir / "writable", open_dir / "secret"
+    probe.mkdir()
+    (probe / "sandbox_probe.py").write_text(PROBE)
+    writable.mkdir()
+    os.chown(writable, worker_uid, worker_uid)
+    secret.write_text("root's")
+    secret.chmod(0o600)
+    spec = sandbox.SandboxSpec(writable=(str(writable),), readable=(str(probe),), task_limit=64)
+    argv = sandbox.worker_command(isolation, spec.write(open_dir / "spec.json"), "sandbox_probe",
+                                  ["tasks", str(secret), str(writable)])
+    done = subprocess.run(argv, env=environment(probe), capture_output=True, text=True, timeout=LIFETIME_S,
+                          stdin=subprocess.DEVNULL, **sandbox.WorkerAccount(worker_uid).popen_options())
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+
+    assert found["nproc"] == 64 and 0 < found["threads"] < 64
+    assert (found["root_file"], found["write"]) == ("EACCES", "ok")
+    assert (writable / "made").stat().st_uid == worker_uid
+
+
+def test_a_root_runners_workers_get_their_own_uid_only_where_it_reaches_all_they_need(worker_uid, open_dir,
+                                                                                      monkeypatch):
+    monkeypatch.setattr(sandbox, "WORKER_PACKAGES", ())  # the probing interpreter's packages are not the point
+    sandbox._root_runner_account.cache_clear()
+    closed = open_dir / "closed"
+    closed.mkdir(mode=0o700)
+    try:
+        reached = sandbox.worker_account("process", (str(open_dir / "cache"),))
+        refused = sandbox.worker_account("process", (str(closed / "cache"),))
+        monkeypatch.setattr(sandbox, "_umask", lambda: 0o077)
+        strict = sandbox.worker_account("process", (str(open_dir / "other"),))
+    finally:
+        sandbox._root_runner_account.cache_clear()
+
+    assert reached == sandbox.WorkerAccount(worker_uid, task_limit=sandbox.TASK_LIMIT)
+    assert refused.uid is None and refused.why == f"uid {worker_uid}: cannot read {closed}"
+    assert strict.uid is None and "umask 077" in strict.why
+    assert refused.describe().startswith("as root, their threads uncounted: ")
+
+
+def test_a_runner_that_is_not_root_keeps_its_uid_and_counts_tasks_in_a_user_namespace(monkeypatch):
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+
+    assert sandbox.worker_account("namespaces", ()) == sandbox.WorkerAccount(None, task_limit=sandbox.TASK_LIMIT)
+    assert sandbox.worker_account("process", ()) == sandbox.WorkerAccount(None)
+    assert sandbox.WorkerAccount(None).describe() == "as the runner's uid 1000"
+    assert sandbox.WorkerAccount(None).popen_options() == {}
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "root", str(2**32 - 1)])
+def test_a_worker_uid_that_is_no_uid_is_refused_in_one_line(monkeypatch, text):
+    monkeypatch.setenv(sandbox.WORKER_UID_VARIABLE, text)
+
+    with pytest.raises(ValueError, match=sandbox.WORKER_UID_VARIABLE):
+        sandbox.configured_worker_uid()

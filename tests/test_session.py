@@ -178,6 +178,7 @@ def test_the_isolation_level_is_recorded(judged):
     result, traces, _ = judged
     assert result.isolation == sandbox.available_isolation()
     assert {t.isolation for t in traces.values()} == {result.isolation}
+    assert result.workers_as.startswith("as ")  # who the workers ran as, for the run's last line
 
 
 def test_a_run_at_level_process_checking_one_timed_call(repo_copy, shared_cache, tmp_path):

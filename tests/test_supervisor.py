@@ -219,9 +219,10 @@ def test_a_reply_queued_ahead_of_its_request_is_refused(start, tmp_path):
 
 
 def test_what_the_judge_reads_at_a_reply_is_read_before_the_reply_is_parsed(tmp_path, monkeypatch):
-    """The judge's clock stops when a reply's bytes are in; parsing them takes as long as the worker makes its
-    frame (up to MAX_FRAME_BYTES of escaped duplicate keys: about 10 ms), and a worker that goes on writing its
-    outputs meanwhile must not be read after it did. `on_receipt` (where the judge copies the outputs) comes first."""
+    """The judge's clock stops when a reply's first byte is there; reading and parsing the frame take as long as
+    the worker makes it (up to MAX_FRAME_BYTES of escaped duplicate keys: about 10 ms to parse), and a worker
+    that goes on writing its outputs meanwhile must not be read after it did. `on_receipt` (where the judge
+    copies the outputs) comes first (test_protocol.py: at the first byte)."""
     order = []
 
     class Channel:
@@ -231,7 +232,8 @@ def test_what_the_judge_reads_at_a_reply_is_read_before_the_reply_is_parsed(tmp_
         def send(self, request_frame, timeout):
             order.append("sent")
 
-        def receive_json(self, timeout):
+        def receive_json(self, timeout, on_arrival):
+            on_arrival()
             order.append("received")
             return b'{"kind": "ready"}'
 
@@ -240,7 +242,7 @@ def test_what_the_judge_reads_at_a_reply_is_read_before_the_reply_is_parsed(tmp_
     worker = WorkerProcess(None, Channel(), tmp_path, tmp_path / "log", DEFAULT_LEVEL)
     reply, elapsed_ms = worker.timed_ask(Probe(), 1.0, on_receipt=lambda: order.append("read"))
     assert isinstance(reply, Ready) and elapsed_ms >= 0
-    assert order == ["sent", "received", "read", "parsed"]
+    assert order == ["sent", "read", "received", "parsed"]
 
 
 # Death by a signal.
@@ -363,3 +365,26 @@ def test_a_paused_worker_spends_no_cpu_and_runs_on_afterwards(start, isolation, 
         pass
     assert not pause.held
     assert isinstance(worker.ask(Probe(), 60), Ready)
+
+
+def test_a_directory_a_worker_of_another_uid_filled_is_emptied_before_it_is_handed_over(tmp_path):
+    """Owned by the worker's uid, its build directory is kept as it is; one of another owner is emptied, not
+    handed over file by file (a hard link in it would hand over a file of the host's)."""
+    if os.geteuid() != 0:
+        pytest.skip("only root hands a directory to another uid")
+    uid = sandbox.configured_worker_uid()
+    ours, theirs, new = tmp_path / "ours", tmp_path / "theirs", tmp_path / "new"
+    for folder in (ours, theirs):
+        folder.mkdir()
+        (folder / "kernel.so").write_bytes(b"built")
+    os.chown(ours, uid, uid)
+    host_file = tmp_path / "host_file"
+    host_file.write_text("the host's")
+    os.link(host_file, theirs / "hard_link")
+
+    for folder in (ours, theirs, new):
+        supervisor._give_directory(folder, uid)
+
+    assert [(f.stat().st_uid, sorted(p.name for p in f.iterdir())) for f in (ours, theirs, new)] == [
+        (uid, ["kernel.so"]), (uid, []), (uid, [])]
+    assert host_file.stat().st_uid == 0 and host_file.read_text() == "the host's"

@@ -13,6 +13,7 @@ from flashbench.build import HASH_LENGTH
 from flashbench.model import OutputError, Trace
 from flashbench.model.trace import printable_line
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
+from flashbench.model import loading
 from flashbench.traces import append_trace, check_writable, hardware_slug, read_traces, trace_path
 
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -135,6 +136,17 @@ def test_torn_last_line_is_skipped_and_the_next_append_starts_a_fresh_line(tmp_p
     assert lines[3] == whole[: len(whole) // 2] and lines[-1] == b""
     assert json.loads(lines[4])["workload"] == "w4"
     assert [t.workload for t in read_traces(path)] == ["w0", "w1", "w2", "w4"]
+
+
+def test_a_line_longer_than_a_record_may_be_is_skipped_unread(tmp_path, capsys, monkeypatch):
+    """Trace files may be imported from anyone: one line of gigabytes was read whole."""
+    monkeypatch.setattr(loading, "MAX_RECORD_BYTES", 4096)
+    path = trace_path(tmp_path, "CPU x86_64", DEFINITION)
+    append_trace(path, make_trace(0))
+    append_trace(path, make_trace(1, status="RUNTIME_ERROR", log="x" * 10000))
+    append_trace(path, make_trace(2))
+    assert [t.workload for t in read_traces(path)] == ["w0", "w2"]
+    assert "line 2 is not a valid trace" in capsys.readouterr().err
 
 
 def test_torn_line_inside_a_multibyte_character(tmp_path):

@@ -70,7 +70,9 @@ def execute(repo, definition_name, folders, workloads, options) -> tuple[RunResu
         print_summary(result.traces)
     if result.isolation:
         confined = "" if sandbox.confines_writes() else "; this kernel has no Landlock: their writes are not confined"
-        console.print(f"workers isolated at level {result.isolation}{confined} (docs/threat_model.md)", highlight=False)
+        who = f", {result.workers_as}" if result.workers_as else ""
+        console.print(f"workers isolated at level {result.isolation}{who}{confined} (docs/threat_model.md)",
+                      highlight=False)
     if result.skipped:
         failed = sum(t.status != "PASSED" for t in result.skipped)
         console.print(f"{len(result.skipped)} pair(s) already recorded were skipped (--resume)"

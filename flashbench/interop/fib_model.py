@@ -28,8 +28,9 @@ from typing import Annotated, Iterator, Literal, TypeVar, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from ..errors import FlashbenchError
+from ..model import loading
 from ..model.definition import AllClose, CostModel, Evaluator, Strict, Tolerance
-from ..model.loading import validation_error
+from ..model.loading import bounded_lines, read_bounded, validation_error
 from ..model.workload import GeneratorSpec, InputDescriptor
 
 DType = Literal[
@@ -298,7 +299,7 @@ M = TypeVar("M", bound=BaseModel)
 def read_json(cls: type[M], path: Path) -> M:
     """One FIB JSON file as `cls`; errors name the file and the field."""
     try:
-        return cls.model_validate_json(path.read_bytes())
+        return cls.model_validate_json(read_bounded(path))
     except ValidationError as exc:
         raise _json_error(exc, path) from None
 
@@ -313,9 +314,13 @@ def parse_line(cls: type[M], line: bytes | str, path: Path, number: int) -> M:
 
 
 def read_jsonl_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) for every non-blank line, one at a time: files are never read whole."""
+    """(line number, line) for every non-blank line, one at a time: files are never read whole, nor a line
+    longer than a record may be (FlashbenchError)."""
     with open(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
+        for number, line in bounded_lines(handle):
+            if line is None:
+                raise FlashbenchError(f"longer than {loading.MAX_RECORD_BYTES >> 20} MiB, the most a record may hold",
+                                      path, f"line {number}")
             if line.strip():
                 yield number, line
 

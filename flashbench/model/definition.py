@@ -1,5 +1,6 @@
 """The definition: the contract every solution of an op is judged against."""
 
+import math
 import re
 from typing import Annotated, Literal
 
@@ -19,9 +20,28 @@ CONSTRAINT_FUNCTIONS = frozenset({"min", "max"})
 
 
 class Strict(BaseModel):
-    """Base for file models: unknown keys are an error, not silently dropped."""
+    """Base for file models: unknown keys are an error, not silently dropped, and so is NaN, which no field
+    means (a workload's NaN sm_scale failed every pair, the reference's included). An infinity may mean
+    something (an attention sink of -inf is none)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _not_nan(cls, value):
+        if _holds_nan(value):
+            raise ValueError("NaN is no value")
+        return value
+
+
+def _holds_nan(value) -> bool:
+    if isinstance(value, float):
+        return math.isnan(value)
+    if isinstance(value, (list, tuple)):
+        return any(map(_holds_nan, value))
+    if isinstance(value, dict):
+        return any(map(_holds_nan, value.values()))
+    return False
 
 
 class Axis(Strict):

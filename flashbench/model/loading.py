@@ -2,8 +2,9 @@
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -14,6 +15,11 @@ M = TypeVar("M", bound=BaseModel)
 
 # libyaml's parser when PyYAML was built with it: the same documents and errors, several times faster.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# What one document (a definition, workload or manifest file, a FIB JSON file) or one JSONL record (a trace)
+# may hold: files may come from anyone (an imported dataset), and each was read whole, so one huge file took
+# the memory of every command that read it.
+MAX_DOCUMENT_BYTES = 64 << 20
+MAX_RECORD_BYTES = 16 << 20
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w\[\]]*(?:\.[\w\[\]]+)*): (.*)$", re.S)
 
 
@@ -21,11 +27,42 @@ def read_document(path: Path) -> object:
     """Parse a .yaml/.yml/.json file; syntax errors name the line. Checked as untrusted (no alias, no deep
     nesting): a definition or workload file may come from anyone too (a 735-byte workload file of nested
     aliases took every byte of memory `validate` could have)."""
+    data = read_bounded(path)
     try:
-        text = Path(path).read_text()
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise FlashbenchError(f"not UTF-8 text (byte {exc.start})", path) from None
+    return parse_document(text, path, untrusted=True)
+
+
+def read_bounded(path: Path) -> bytes:
+    """The bytes of a file of at most MAX_DOCUMENT_BYTES; a larger one is refused without being read."""
+    limit = MAX_DOCUMENT_BYTES
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
     except OSError as exc:
         raise FlashbenchError(f"cannot read: {exc.strerror}", path) from None
-    return parse_document(text, path, untrusted=True)
+    if len(data) > limit:
+        raise FlashbenchError(f"larger than {limit >> 20} MiB, the most a file of this kind may hold", path)
+    return data
+
+
+def bounded_lines(handle: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, line) for every line split at b"\n" only, read one at a time; None for a line longer
+    than MAX_RECORD_BYTES, which is skipped without being held."""
+    number, limit = 0, MAX_RECORD_BYTES
+    while True:
+        line = handle.readline(limit + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield number, line
+            continue
+        while line and not line.endswith(b"\n"):  # the rest of the long line
+            line = handle.readline(1 << 20)
+        yield number, None
 
 
 # How deep an untrusted document may nest. libyaml's composer recurses once per level in C: a manifest

@@ -181,7 +181,8 @@ GeneratorSpec = Annotated[
 
 
 class Workload(Strict):
-    uuid: str = Field(min_length=8)
+    uuid: str = Field(min_length=8, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+                      description="letters, digits, '-' and '_': exports name files after it")
     name: str = Field("", pattern=FOLDER_NAME_OR_NONE, description="a short human label, e.g. b64_l4096")
     tags: list[str] = Field([], description="'smoke' marks tiny workloads for CPU runs")
     axes: dict[str, Annotated[int, Field(ge=0)]] = Field({}, description="var-axis values; others are bound from "

@@ -63,6 +63,10 @@ class JudgeConfig:
     def trace_dir(self) -> Path:
         return self.options.trace_dir or self.root / "traces"
 
+    def worker_account(self) -> sandbox.WorkerAccount:
+        """Who this machine's workers run as (decided once per machine: a run over Ray asks on each)."""
+        return sandbox.worker_account(self.isolation, (str(self.cache_dir),))
+
     def hidden_from(self, candidate: Candidate) -> tuple[Path, ...]:
         """What a worker has no business reading, empty to it at the namespaces level: the repository's
         solutions, the folders its own was staged from (their notes are outside its hash), the trace
@@ -112,7 +116,7 @@ class JobJudge:
         memory_limit = None if device.startswith("cuda") else self.options.memory_limit_bytes
         try:
             worker = WorkerProcess.start(setup, self.config.isolation, self.config.cache_dir / "workers", memory_limit,
-                                         self.config.hidden_from(candidate))
+                                         self.config.hidden_from(candidate), self.config.worker_account())
         except OSError as exc:
             raise DeviceUnusable(f"its worker could not start: {exc}") from None
         except WorkerGone as gone:  # the candidate's doing (its setup), not the device's

@@ -19,6 +19,7 @@ import select
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -255,20 +256,27 @@ class Channel:
         """Something to read (a frame, or the end of the pipe) right now."""
         return bool(select.select([self.read_fd], [], [], 0)[0])
 
-    def receive_json(self, timeout: float | None = None) -> bytes:
+    def receive_json(self, timeout: float | None = None, on_arrival: Callable[[], None] = lambda: None) -> bytes:
+        """The next frame's payload. `on_arrival` runs once its first byte can be read (or the pipe's end),
+        before any of it is: a sender that writes its frame slowly cannot stretch what comes after."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._wait(deadline)
+        on_arrival()
         (length,) = _LENGTH.unpack(self._read(_LENGTH.size, deadline))
         if length > MAX_FRAME_BYTES:
             raise ProtocolError(f"a frame of {length} bytes; at most {MAX_FRAME_BYTES} are accepted")
         return self._read(length, deadline)
 
+    def _wait(self, deadline: float | None) -> None:
+        """Until something can be read (or the pipe's end); ChannelTimeout past `deadline`."""
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if (remaining is not None and remaining <= 0) or not select.select([self.read_fd], [], [], remaining)[0]:
+            raise ChannelTimeout()
+
     def _read(self, count: int, deadline: float | None) -> bytes:
         chunks, left = [], count
         while left:
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not select.select([self.read_fd], [], [], remaining)[0]:
-                    raise ChannelTimeout()
+            self._wait(deadline)
             chunk = os.read(self.read_fd, min(left, 1 << 16))
             if not chunk:
                 raise ChannelClosed("the pipe was closed")

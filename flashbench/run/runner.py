@@ -43,6 +43,7 @@ class RunResult:
     trace_file: Path | None = None
     skipped: list[Trace] = field(default_factory=list)  # recorded before and not run again (--resume)
     isolation: str = ""
+    workers_as: str = ""  # who the workers ran as (sandbox.WorkerAccount.describe)
     untrusted_files: list[Path] = field(default_factory=list)
 
 
@@ -82,7 +83,8 @@ class Runner:
         recorder = TraceRecorder(self.trace_file, self.trace_dir, self.options.save)
         recorder.open()
         calibration = load_calibration(self.trace_dir, self.hardware)
-        result = RunResult(trace_file=self.trace_file, isolation=config.isolation)
+        result = RunResult(trace_file=self.trace_file, isolation=config.isolation,
+                           workers_as=config.worker_account().describe())
         jobs = self._pending_jobs(chosen, workloads, result, advance, config.isolation)
         tainted: set[int] = set()
         with self._backend(judge, config) as backend:

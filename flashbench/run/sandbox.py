@@ -48,6 +48,16 @@ UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-ch
            "--net", "--ipc"]
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REAP_TIMEOUT_S = 10.0
+WORKER_UID_VARIABLE = "FLASHBENCH_WORKER_UID"
+# No account's or container's: systemd gives users, its dynamic users and containers' uids below it. A root
+# runner's workers run as it: they own nothing of the host's, and the kernel counts their tasks (RLIMIT_NPROC
+# spares root's).
+DEFAULT_WORKER_UID = 0x70000000
+# RLIMIT_NPROC: the processes and threads of one sandbox. A worker that took every task the kernel would give
+# left the judge's other lanes none (their OpenMP threads failed, and ended the runner). A CUDA build runs an
+# nvcc per core, each a few processes; a CPU worker a thread per core.
+TASK_LIMIT = 4096
+WORKER_PACKAGES = ("torch", "pydantic")  # what a worker imports from the interpreter's site-packages
 DU_TIMEOUT_S = 60.0
 DEAD_STATES = ("Z", "X")  # /proc/PID/stat states of a thread that has ended
 
@@ -186,6 +196,7 @@ class SandboxSpec:
     hidden: tuple[str, ...] = ()  # directories it must not read (namespaces level): empty inside, but for the above
     memory_limit_bytes: int | None = None  # RLIMIT_AS when set (CPU workers)
     file_size_limit_bytes: int = 1 << 30  # RLIMIT_FSIZE
+    task_limit: int | None = None  # RLIMIT_NPROC when set, where it counts the sandbox's tasks alone
     tmpfs_bytes: int = dataclasses.field(default_factory=default_tmpfs_bytes)  # private /tmp and /dev/shm (namespaces)
 
     def to_json(self) -> str:
@@ -221,11 +232,11 @@ def available_isolation() -> str:
 
 
 @functools.cache
-def _namespaces_problem() -> str | None:
-    """Why `unshare` cannot start a worker here, or None when it can."""
+def _namespaces_problem(uid: int | None = None) -> str | None:
+    """Why `unshare` cannot start a worker here (run as `uid`, or as this process), or None when it can."""
     try:
         probe = subprocess.run([*UNSHARE, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, timeout=30)
+                               stderr=subprocess.PIPE, text=True, timeout=30, **WorkerAccount(uid).popen_options())
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unshare cannot run: {exc}"
     if probe.returncode != 0:
@@ -234,6 +245,102 @@ def _namespaces_problem() -> str | None:
     if not os.path.exists("/proc/sys/user/max_pid_namespaces"):
         return "the kernel has no per-namespace limits (/proc/sys/user, Linux 4.9)"
     return None
+
+
+@dataclass(frozen=True)
+class WorkerAccount:
+    """Who a run's workers run as: `uid`, or this process's uid when None (`why` says why, for a root
+    runner). `task_limit` is RLIMIT_NPROC where it counts the sandbox's tasks alone."""
+    uid: int | None
+    why: str = ""
+    task_limit: int | None = None
+
+    def popen_options(self) -> dict:
+        """subprocess.Popen's arguments that start a process as `uid`, in its own group and no other."""
+        return {} if self.uid is None else {"user": self.uid, "group": self.uid, "extra_groups": []}
+
+    def describe(self) -> str:
+        if self.uid is not None:
+            return f"as uid {self.uid}"
+        if os.geteuid() == 0:
+            return f"as root, their threads uncounted: {self.why}"
+        return f"as the runner's uid {os.geteuid()}"
+
+
+def worker_account(isolation: str, reachable: tuple[str, ...]) -> WorkerAccount:
+    """A root runner's workers run as a uid of their own (WORKER_UID_VARIABLE, else DEFAULT_WORKER_UID)
+    where that uid can reach all a worker needs: the interpreter's packages, this source tree, and the
+    `reachable` directories (the cache, where the runner stages solutions and makes build directories).
+    Otherwise, and for a runner that is not root, as the runner's uid. RLIMIT_NPROC counts the sandbox's
+    tasks alone where the uid is its own, and in a user namespace of its own (namespaces) but for root,
+    which the kernel never counts."""
+    if os.geteuid() != 0:
+        return WorkerAccount(None, task_limit=TASK_LIMIT if isolation == "namespaces" else None)
+    return _root_runner_account(isolation, tuple(os.path.abspath(path) for path in (SOURCE_ROOT, *reachable)))
+
+
+@functools.cache
+def _root_runner_account(isolation: str, reachable: tuple[str, ...]) -> WorkerAccount:
+    uid = configured_worker_uid()
+    umask = _umask()
+    if umask & 0o005:
+        return WorkerAccount(None, f"the runner's umask {umask:03o} keeps other users out of what it stages")
+    problem = _reach_problem(uid, reachable) or (_namespaces_problem(uid) if isolation == "namespaces" else None)
+    if problem:
+        return WorkerAccount(None, f"uid {uid}: {problem}")
+    return WorkerAccount(uid, task_limit=TASK_LIMIT)
+
+
+def configured_worker_uid() -> int:
+    text = os.environ.get(WORKER_UID_VARIABLE, "")
+    if not text:
+        return DEFAULT_WORKER_UID
+    if not text.isdigit() or not 0 < int(text) < 2**32 - 1:
+        raise ValueError(f"{WORKER_UID_VARIABLE}={text!r} is no uid (a number from 1 to {2**32 - 2})")
+    return int(text)
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (another thread may be making files)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o077  # unknown: take it for the strictest
+
+
+REACH_PROBE = """
+import importlib.util, os, sys
+for path in sys.argv[2:]:
+    if not os.access(path, os.R_OK | os.X_OK):
+        sys.exit(f"cannot read {path}")
+for name in filter(None, sys.argv[1].split(",")):
+    if importlib.util.find_spec(name) is None:
+        sys.exit(f"cannot import {name}")
+"""
+
+
+def _reach_problem(uid: int, paths: tuple[str, ...]) -> str | None:
+    """Why a process of `uid`, with a worker's environment, cannot read one of `paths` (the nearest existing
+    folder of each) or find the packages a worker imports; None when it can."""
+    existing = [_nearest_existing(path) for path in paths]
+    command = [sys.executable, "-c", REACH_PROBE, ",".join(WORKER_PACKAGES), *existing]
+    try:
+        probe = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, timeout=60, cwd="/", env=worker_environment(),
+                               **WorkerAccount(uid).popen_options())
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"cannot start the interpreter: {exc}"
+    if probe.returncode != 0:
+        lines = probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"]
+        return lines[-1]
+    return None
+
+
+def _nearest_existing(path: str) -> str:
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def worker_command(isolation: str, spec_file: Path, module: str, args: list[str]) -> list[str]:
@@ -455,6 +562,8 @@ def _set_limits(spec: SandboxSpec) -> None:
     _limit(resource.RLIMIT_FSIZE, spec.file_size_limit_bytes)
     if spec.memory_limit_bytes is not None:
         _limit(resource.RLIMIT_AS, spec.memory_limit_bytes)
+    if spec.task_limit is not None:
+        _limit(resource.RLIMIT_NPROC, spec.task_limit)
 
 
 def _limit(which: int, value: int) -> None:

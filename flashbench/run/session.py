@@ -396,7 +396,8 @@ class _Job:
         read, expected_links = {}, {}
 
         def observe() -> None:
-            # Copies taken the moment the reply is in (before it is parsed), nothing written later counts: the
+            # Copies taken the moment the reply's first byte is there (before it is read), nothing written later
+            # counts: the
             # picked calls' outputs, on the host (they wait there for the job's end and are compared one call at a
             # time; on the device, a job checking 8 calls of 2 GB outputs held 16 GB more, and the largest MHA
             # varlen workloads did not fit an 80 GB H100); and every linked call's link, from the outputs the call

@@ -60,11 +60,12 @@ class WorkerProcess:
 
     @classmethod
     def start(cls, setup: Setup, isolation: str, work_root: Path, memory_limit_bytes: int | None,
-              hidden: tuple[Path, ...] = ()) -> "WorkerProcess":
+              hidden: tuple[Path, ...] = (), account: sandbox.WorkerAccount = sandbox.WorkerAccount(None)
+              ) -> "WorkerProcess":
         """The worker may write only its exchange directory (its TMPDIR at level process) and the
         solution's own build directory; its log is a file it holds open but cannot reach by name. At the
         namespaces level the `hidden` directories are empty to it, but for its solution's folder, build and
-        exchange directories.
+        exchange directories. It runs as `account` says: a uid of its own owns those two directories.
         It gets three descriptors: the request pipe, the reply pipe, and its end of the descriptor
         socket, on which a CPU job's arena (a sealed memfd) comes."""
         setup_frame = frame(setup)  # the worker refuses a larger first frame: say why before it starts
@@ -75,9 +76,11 @@ class WorkerProcess:
         exchange = Path(tempfile.mkdtemp(prefix="worker-", dir=work_root))
         log_path = exchange.with_suffix(".log")
         build_dir = Path(setup.build_dir)
-        build_dir.mkdir(parents=True, exist_ok=True)
+        _give_directory(build_dir, account.uid)
+        _give_directory(exchange, account.uid)
         spec = sandbox.SandboxSpec(writable=(str(exchange), str(build_dir)), readable=(setup.folder,),
-                                   hidden=tuple(map(str, hidden)), memory_limit_bytes=memory_limit_bytes)
+                                   hidden=tuple(map(str, hidden)), memory_limit_bytes=memory_limit_bytes,
+                                   task_limit=account.task_limit)
         to_worker, from_judge = _pipe()
         to_judge, from_worker = _pipe()
         fd_socket, worker_socket = fd_socket_pair()
@@ -93,7 +96,8 @@ class WorkerProcess:
                 log_fd = os.open(log_path, os.O_RDONLY | os.O_CLOEXEC)
                 process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                            pass_fds=passed, env=_environment(setup, build_dir),
-                                           start_new_session=True, preexec_fn=_dies_with_this_thread())
+                                           start_new_session=True, preexec_fn=_dies_with_this_thread(),
+                                           **account.popen_options())
         except BaseException:
             for fd in (to_judge, from_judge) if log_fd is None else (to_judge, from_judge, log_fd):
                 os.close(fd)
@@ -120,9 +124,10 @@ class WorkerProcess:
                   on_receipt: Callable[[], None] = lambda: None) -> tuple[Ready | Failed | BatchDone, float]:
         """The reply, and the judge's own time from sending the request to reading the reply (ms).
         `fd` (a CPU job's arena, with its Open) goes over the descriptor socket just before the request.
-        `on_receipt` runs the moment the reply's bytes are in, before they are parsed: parsing takes as long
-        as the worker makes its frame (a red team's 1 MiB reply of escaped duplicate keys took about 10 ms),
-        and what the judge reads of the worker's memory then is no longer what the reply stands for."""
+        The judge's clock stops, and `on_receipt` runs, the moment the reply's first byte is there, before
+        any of it is read or parsed: reading and parsing take as long as the worker makes its frame (a red
+        team's 1 MiB reply of escaped duplicate keys took about 10 ms), and what the judge reads of the
+        worker's memory then would no longer be what the reply stands for."""
         self._refuse_unasked_frames()
         request_frame = frame(request)  # encoded outside the clock: a batch of 300 calls takes 0.1 ms
         try:
@@ -133,10 +138,14 @@ class WorkerProcess:
                 except ProtocolError as exc:
                     raise self.end("REJECTED", str(exc)) from None
             self.channel.send(request_frame, timeout)
-            payload = self.channel.receive_json(timeout)
-            elapsed_ms = (time.perf_counter() - start) * 1e3
-            on_receipt()
-            return parse_reply(payload), elapsed_ms
+            arrived = []
+
+            def on_arrival() -> None:
+                arrived.append(time.perf_counter())
+                on_receipt()
+
+            payload = self.channel.receive_json(timeout, on_arrival)
+            return parse_reply(payload), (arrived[0] - start) * 1e3
         except ChannelTimeout:
             raise self.end("TIMEOUT", f"no answer within {timeout:g} s") from None
         except ChannelClosed:
@@ -260,6 +269,19 @@ class WorkerProcess:
         if self.log_fd is not None:
             os.close(self.log_fd)
             self.log_fd = None
+
+
+def _give_directory(path: Path, uid: int | None) -> None:
+    """`path`, made where missing, owned by `uid` (None: this process's, as made). A build directory a
+    worker of another uid filled is emptied first, not handed over file by file: what it holds is the
+    solution's, and a link or a hard link in it would hand the new owner a file of the host's."""
+    path.mkdir(parents=True, exist_ok=True)
+    if uid is None or path.stat().st_uid == uid:
+        return
+    if any(path.iterdir()):
+        sandbox.remove_tree(path)
+        path.mkdir(parents=True)
+    os.chown(path, uid, uid, follow_symlinks=False)
 
 
 def _dies_with_this_thread():

@@ -972,7 +972,7 @@ def test_a_root_runners_workers_get_their_own_uid_only_where_it_reaches_all_they
     finally:
         sandbox._root_runner_account.cache_clear()
 
-    assert reached == sandbox.WorkerAccount(worker_uid, task_limit=sandbox.TASK_LIMIT)
+    assert reached == sandbox.WorkerAccount(worker_uid, counts_tasks=True)
     assert refused.uid is None and refused.why == f"uid {worker_uid}: cannot read {closed}"
     assert strict.uid is None and "umask 077" in strict.why
     assert refused.describe().startswith("as root, their threads uncounted: ")
@@ -981,7 +981,7 @@ def test_a_root_runners_workers_get_their_own_uid_only_where_it_reaches_all_they
 def test_a_runner_that_is_not_root_keeps_its_uid_and_counts_tasks_in_a_user_namespace(monkeypatch):
     monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
 
-    assert sandbox.worker_account("namespaces", ()) == sandbox.WorkerAccount(None, task_limit=sandbox.TASK_LIMIT)
+    assert sandbox.worker_account("namespaces", ()) == sandbox.WorkerAccount(None, counts_tasks=True)
     assert sandbox.worker_account("process", ()) == sandbox.WorkerAccount(None)
     assert sandbox.WorkerAccount(None).describe() == "as the runner's uid 1000"
     assert sandbox.WorkerAccount(None).popen_options() == {}
@@ -993,3 +993,19 @@ def test_a_worker_uid_that_is_no_uid_is_refused_in_one_line(monkeypatch, text):
 
     with pytest.raises(ValueError, match=sandbox.WORKER_UID_VARIABLE):
         sandbox.configured_worker_uid()
+
+
+@pytest.mark.parametrize("pid_max, threads_max, lanes, expected", [
+    (4194304, 1000000, 1, 4096),  # a large host: the limit itself
+    (32768, 193107, 1, 4096),
+    (32768, 193107, 8, 2048),  # eight lanes of 4096 took a host of pid_max 32768 to its last PIDs
+    (32768, 20000, 4, 2500),  # threads-max the lower
+    (4096, 193107, 16, sandbox.MIN_TASK_LIMIT),  # never below what a worker needs
+])
+def test_all_lanes_sandboxes_together_take_at_most_half_the_hosts_tasks(monkeypatch, pid_max, threads_max, lanes,
+                                                                         expected):
+    numbers = {"/proc/sys/kernel/pid_max": pid_max, "/proc/sys/kernel/threads-max": threads_max}
+    monkeypatch.setattr(sandbox, "_kernel_number", numbers.__getitem__)
+
+    assert sandbox.WorkerAccount(1 << 30, counts_tasks=True).task_limit(lanes) == expected
+    assert sandbox.WorkerAccount(None).task_limit(lanes) is None  # root's tasks: never counted

@@ -388,3 +388,23 @@ def test_a_directory_a_worker_of_another_uid_filled_is_emptied_before_it_is_hand
     assert [(f.stat().st_uid, sorted(p.name for p in f.iterdir())) for f in (ours, theirs, new)] == [
         (uid, ["kernel.so"]), (uid, []), (uid, [])]
     assert host_file.stat().st_uid == 0 and host_file.read_text() == "the host's"
+
+
+def test_a_build_directory_du_cannot_even_start_on_is_not_held_against_the_solution(tmp_path, monkeypatch):
+    """Other lanes' sandboxes had taken the host's last PIDs: the judge's `du` could not fork, and the honest
+    solution whose job had just ended was REJECTED and its build directory emptied."""
+    build_dir = tmp_path / "build"
+    build_dir.mkdir()
+    (build_dir / "kernel.so").write_bytes(b"built")
+
+    def no_fork(*args, **kwargs):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    def too_long(*args, **kwargs):
+        raise sandbox.subprocess.TimeoutExpired("du", sandbox.DU_TIMEOUT_S)
+
+    worker = WorkerProcess(None, None, tmp_path, tmp_path / "log", DEFAULT_LEVEL, build_dir=build_dir)
+    monkeypatch.setattr(sandbox.subprocess, "run", no_fork)
+    assert worker.build_dir_overfull() is None
+    monkeypatch.setattr(sandbox.subprocess, "run", too_long)
+    assert worker.build_dir_overfull() == "more than can be measured"  # too large to walk in time: the folder's

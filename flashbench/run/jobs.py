@@ -114,9 +114,11 @@ class JobJudge:
         setup = Setup(definition=self.definition, solution=candidate.solution, folder=str(candidate.folder.absolute()),
                       device=device, build_dir=str((self.config.cache_dir / "build" / candidate.hash).absolute()))
         memory_limit = None if device.startswith("cuda") else self.options.memory_limit_bytes
+        account = self.config.worker_account()
         try:
             worker = WorkerProcess.start(setup, self.config.isolation, self.config.cache_dir / "workers", memory_limit,
-                                         self.config.hidden_from(candidate), self.config.worker_account())
+                                         self.config.hidden_from(candidate), account,
+                                         account.task_limit(len(self.options.devices or [device])))
         except OSError as exc:
             raise DeviceUnusable(f"its worker could not start: {exc}") from None
         except WorkerGone as gone:  # the candidate's doing (its setup), not the device's

@@ -55,8 +55,10 @@ WORKER_UID_VARIABLE = "FLASHBENCH_WORKER_UID"
 DEFAULT_WORKER_UID = 0x70000000
 # RLIMIT_NPROC: the processes and threads of one sandbox. A worker that took every task the kernel would give
 # left the judge's other lanes none (their OpenMP threads failed, and ended the runner). A CUDA build runs an
-# nvcc per core, each a few processes; a CPU worker a thread per core.
+# nvcc per core, each a few processes; a CPU worker a thread per core. Less where the host's limits are low
+# (task_limit).
 TASK_LIMIT = 4096
+MIN_TASK_LIMIT = 256
 WORKER_PACKAGES = ("torch", "pydantic")  # what a worker imports from the interpreter's site-packages
 DU_TIMEOUT_S = 60.0
 DEAD_STATES = ("Z", "X")  # /proc/PID/stat states of a thread that has ended
@@ -250,10 +252,20 @@ def _namespaces_problem(uid: int | None = None) -> str | None:
 @dataclass(frozen=True)
 class WorkerAccount:
     """Who a run's workers run as: `uid`, or this process's uid when None (`why` says why, for a root
-    runner). `task_limit` is RLIMIT_NPROC where it counts the sandbox's tasks alone."""
+    runner). `counts_tasks`: RLIMIT_NPROC counts the sandbox's tasks alone."""
     uid: int | None
     why: str = ""
-    task_limit: int | None = None
+    counts_tasks: bool = False
+
+    def task_limit(self, lanes: int) -> int | None:
+        """RLIMIT_NPROC for each sandbox of a run over `lanes` lanes, where it counts the sandbox's tasks: all
+        the lanes' sandboxes together at most half the tasks the host has (its pid_max and threads-max; a
+        task in a PID namespace takes a PID of the host's too). Eight lanes of 4096 threads each took a host
+        of pid_max 32768 to its last PIDs, and the judge could fork nothing."""
+        if not self.counts_tasks:
+            return None
+        host = min(_kernel_number("/proc/sys/kernel/pid_max"), _kernel_number("/proc/sys/kernel/threads-max"))
+        return max(MIN_TASK_LIMIT, min(TASK_LIMIT, host // (2 * max(lanes, 1))))
 
     def popen_options(self) -> dict:
         """subprocess.Popen's arguments that start a process as `uid`, in its own group and no other."""
@@ -275,7 +287,7 @@ def worker_account(isolation: str, reachable: tuple[str, ...]) -> WorkerAccount:
     tasks alone where the uid is its own, and in a user namespace of its own (namespaces) but for root,
     which the kernel never counts."""
     if os.geteuid() != 0:
-        return WorkerAccount(None, task_limit=TASK_LIMIT if isolation == "namespaces" else None)
+        return WorkerAccount(None, counts_tasks=isolation == "namespaces")
     return _root_runner_account(isolation, tuple(os.path.abspath(path) for path in (SOURCE_ROOT, *reachable)))
 
 
@@ -288,7 +300,7 @@ def _root_runner_account(isolation: str, reachable: tuple[str, ...]) -> WorkerAc
     problem = _reach_problem(uid, reachable) or (_namespaces_problem(uid) if isolation == "namespaces" else None)
     if problem:
         return WorkerAccount(None, f"uid {uid}: {problem}")
-    return WorkerAccount(uid, task_limit=TASK_LIMIT)
+    return WorkerAccount(uid, counts_tasks=True)
 
 
 def configured_worker_uid() -> int:
@@ -298,6 +310,13 @@ def configured_worker_uid() -> int:
     if not text.isdigit() or not 0 < int(text) < 2**32 - 1:
         raise ValueError(f"{WORKER_UID_VARIABLE}={text!r} is no uid (a number from 1 to {2**32 - 2})")
     return int(text)
+
+
+def _kernel_number(path: str) -> int:
+    try:
+        return int(Path(path).read_text())
+    except (OSError, ValueError):
+        return 1 << 22  # Linux's largest pid_max
 
 
 def _umask() -> int:
@@ -915,10 +934,12 @@ def _descendants(root: int, parents: dict[int, int]) -> set[int]:
 
 def disk_usage(path: Path) -> tuple[int, int] | None:
     """The disk space (bytes of blocks, so a sparse file counts what it holds) and the inodes a folder a worker
-    could write takes, by `du`, which walks any depth without following links; None when it cannot be measured."""
+    could write takes, by `du`, which walks any depth without following links; None when it cannot be measured
+    (too large to walk in time). OSError when `du` cannot start: the host's trouble (out of processes or
+    memory), not the folder's."""
     try:
         return tuple(_du(path, flag) for flag in ("-B1", "--inodes"))
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+    except (subprocess.TimeoutExpired, ValueError, IndexError):
         return None
 
 

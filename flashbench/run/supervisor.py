@@ -60,12 +60,13 @@ class WorkerProcess:
 
     @classmethod
     def start(cls, setup: Setup, isolation: str, work_root: Path, memory_limit_bytes: int | None,
-              hidden: tuple[Path, ...] = (), account: sandbox.WorkerAccount = sandbox.WorkerAccount(None)
-              ) -> "WorkerProcess":
+              hidden: tuple[Path, ...] = (), account: sandbox.WorkerAccount = sandbox.WorkerAccount(None),
+              task_limit: int | None = None) -> "WorkerProcess":
         """The worker may write only its exchange directory (its TMPDIR at level process) and the
         solution's own build directory; its log is a file it holds open but cannot reach by name. At the
         namespaces level the `hidden` directories are empty to it, but for its solution's folder, build and
         exchange directories. It runs as `account` says: a uid of its own owns those two directories.
+        `task_limit`: its RLIMIT_NPROC (WorkerAccount.task_limit), if any.
         It gets three descriptors: the request pipe, the reply pipe, and its end of the descriptor
         socket, on which a CPU job's arena (a sealed memfd) comes."""
         setup_frame = frame(setup)  # the worker refuses a larger first frame: say why before it starts
@@ -80,7 +81,7 @@ class WorkerProcess:
         _give_directory(exchange, account.uid)
         spec = sandbox.SandboxSpec(writable=(str(exchange), str(build_dir)), readable=(setup.folder,),
                                    hidden=tuple(map(str, hidden)), memory_limit_bytes=memory_limit_bytes,
-                                   task_limit=account.task_limit)
+                                   task_limit=task_limit)
         to_worker, from_judge = _pipe()
         to_judge, from_worker = _pipe()
         fd_socket, worker_socket = fd_socket_pair()
@@ -238,10 +239,14 @@ class WorkerProcess:
 
     def build_dir_overfull(self) -> str | None:
         """What the solution's build directory holds, when that is more than BUILD_DIR_LIMIT_BYTES or
-        BUILD_DIR_LIMIT_FILES (or cannot be measured)."""
+        BUILD_DIR_LIMIT_FILES (or cannot be measured). Where `du` cannot even start, nothing is known: the
+        host's trouble is not held against the solution, and its next worker's end measures again."""
         if self.build_dir is None:
             return None
-        usage = sandbox.disk_usage(self.build_dir)
+        try:
+            usage = sandbox.disk_usage(self.build_dir)
+        except OSError:
+            return None
         if usage is None:
             return "more than can be measured"
         held, files = usage

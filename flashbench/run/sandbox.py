@@ -14,6 +14,10 @@ Two levels, strongest first:
   parent set up.
 - "process": a session and process group of its own, and rlimits. Daemons can escape it.
 
+At both levels a root runner's workers run as a uid of their own where it can reach what they need
+(WorkerAccount): they own nothing of the host's but their exchange and build directories, and the kernel
+counts their tasks (RLIMIT_NPROC spares root).
+
 At both levels the worker then holds no capability (none effective, permitted, inheritable, ambient or
 in its bounding set): at level process a runner started as root would otherwise hand the solution
 root's powers (raising its own hard limits again, loading kernel modules, raw sockets), and at level

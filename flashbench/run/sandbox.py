@@ -246,8 +246,7 @@ def _namespaces_problem(uid: int | None = None) -> str | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unshare cannot run: {exc}"
     if probe.returncode != 0:
-        lines = probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"]
-        return f"unshare failed: {lines[-1]}"
+        return f"unshare failed: {_failure_line(probe)}"
     if not os.path.exists("/proc/sys/user/max_pid_namespaces"):
         return "the kernel has no per-namespace limits (/proc/sys/user, Linux 4.9)"
     return None
@@ -354,10 +353,13 @@ def _reach_problem(uid: int, paths: tuple[str, ...]) -> str | None:
                                **WorkerAccount(uid).popen_options())
     except (OSError, subprocess.SubprocessError) as exc:
         return f"cannot start the interpreter: {exc}"
-    if probe.returncode != 0:
-        lines = probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"]
-        return lines[-1]
-    return None
+    return _failure_line(probe) if probe.returncode != 0 else None
+
+
+def _failure_line(probe: subprocess.CompletedProcess) -> str:
+    """What a failed probe said last on stderr, or its exit code."""
+    lines = probe.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit code {probe.returncode}"
 
 
 def _nearest_existing(path: str) -> str:

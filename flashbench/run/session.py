@@ -397,12 +397,11 @@ class _Job:
 
         def observe() -> None:
             # Copies taken the moment the reply's first byte is there (before it is read), nothing written later
-            # counts: the
-            # picked calls' outputs, on the host (they wait there for the job's end and are compared one call at a
-            # time; on the device, a job checking 8 calls of 2 GB outputs held 16 GB more, and the largest MHA
-            # varlen workloads did not fit an 80 GB H100); and every linked call's link, from the outputs the call
-            # before it left in its slot (each call of a batch has a slot of its own): checked for every call
-            # alike, not only the picked ones.
+            # counts: the picked calls' outputs, on the host (they wait there for the job's end and are compared
+            # one call at a time; on the device, a job checking 8 calls of 2 GB outputs held 16 GB more, and the
+            # largest MHA varlen workloads did not fit an 80 GB H100); and every linked call's link, from the
+            # outputs the call before it left in its slot (each call of a batch has a slot of its own): checked
+            # for every call alike, not only the picked ones.
             for k in picked:
                 read[k] = {name: tensor.to("cpu", copy=True) for name, tensor in self.arena_slots[calls[k].slot].items()}
             expected_links.update(zip(linked, link_values(

@@ -123,7 +123,7 @@ class WorkerProcess:
 
     def timed_ask(self, request, timeout: float, fd: int | None = None,
                   on_receipt: Callable[[], None] = lambda: None) -> tuple[Ready | Failed | BatchDone, float]:
-        """The reply, and the judge's own time from sending the request to reading the reply (ms).
+        """The reply, and the judge's own time from sending the request to the reply's first byte (ms).
         `fd` (a CPU job's arena, with its Open) goes over the descriptor socket just before the request.
         The judge's clock stops, and `on_receipt` runs, the moment the reply's first byte is there, before
         any of it is read or parsed: reading and parsing take as long as the worker makes its frame (a red

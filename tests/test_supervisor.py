@@ -277,6 +277,44 @@ def test_a_worker_killed_from_outside_crashes_naming_the_signal(start, isolation
     assert (gone.value.status, gone.value.message) == ("CRASHED", "the worker was killed by SIGKILL")
 
 
+# Memory.
+
+CAP_SYS_RESOURCE = 24
+
+
+def holds_capability(number: int) -> bool:
+    effective = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("CapEff:"))
+    return bool(int(effective.split()[1], 16) >> number & 1)
+
+
+def oom_score(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_a_worker_is_the_oom_killers_first_choice(start, isolation):
+    """The kernel kills the largest process when the host's memory runs out: a worker's memory (a GPU
+    worker's host memory has no limit) ended the runner, and every job of the run, sooner than itself."""
+    worker = start("""
+        import sys
+        try:
+            with open("/proc/self/oom_score_adj", "w") as score:
+                score.write("0")
+            print("score lowered", file=sys.stderr)
+        except OSError as exc:
+            print("score kept:", exc.strerror, file=sys.stderr)
+    """, isolation)
+    assert isinstance(worker.ask(Probe(), 120), Ready)
+    started = [worker.process.pid, sandbox.worker_pid(worker.process.pid, isolation)]
+    assert [oom_score(pid) for pid in started] == [sandbox.OOM_SCORE_ADJ_MAX] * 2
+    assert oom_score(os.getpid()) < sandbox.OOM_SCORE_ADJ_MAX
+
+    assert isinstance(worker.ask(Build(), 120), Ready)  # imports the solution, which tries to lower its score
+    if holds_capability(CAP_SYS_RESOURCE):  # what makes the score the floor (not held in some containers' root)
+        assert "score kept: Permission denied" in worker.log_tail()
+        assert oom_score(started[1]) == sandbox.OOM_SCORE_ADJ_MAX
+
+
 # No answer.
 
 def test_a_hang_times_out_and_the_worker_is_ended(start, tmp_path):

@@ -53,6 +53,7 @@ UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-ch
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REAP_TIMEOUT_S = 10.0
 WORKER_UID_VARIABLE = "FLASHBENCH_WORKER_UID"
+OOM_SCORE_ADJ_MAX = 1000  # /proc/PID/oom_score_adj: the OOM killer's first choice
 # No account's or container's: systemd gives users, its dynamic users and containers' uids below it. A root
 # runner's workers run as it: they own nothing of the host's, and the kernel counts their tasks (RLIMIT_NPROC
 # spares root's).
@@ -923,6 +924,26 @@ def sandbox_processes(pid: int, isolation: str) -> list[int]:
     else:
         members = {p for p, (group, _) in live.items() if group == worker}
     return sorted(p for p in members if p != worker)
+
+
+def put_first_for_the_oom_killer(pid: int) -> None:
+    """Make the sandbox started as `pid` the kernel's first choice when the host runs out of memory: a
+    GPU worker's host memory has no limit, and a CPU worker's address-space limit leaves out memfds it
+    never maps, so without this the largest process, often the runner holding every job's references,
+    was the one killed, and the whole run with it. The highest score goes on `pid`, then on every
+    process below it (those started later inherit it). Written by root, it is also the least the
+    sandbox may set again (the kernel keeps it as the floor for a writer without CAP_SYS_RESOURCE);
+    a runner of another uid only raises it. Called before the worker reads its setup, so before any
+    solution code runs."""
+    _raise_oom_score(pid)  # first: a child it starts from here on inherits the score, one before is found below
+    for child in sorted(_descendants(pid, {p: parent for p, (_, parent) in _live_processes().items()})):
+        _raise_oom_score(child)
+
+
+def _raise_oom_score(pid: int) -> None:
+    with contextlib.suppress(OSError):  # gone already, or no such file on this kernel
+        with open(f"/proc/{pid}/oom_score_adj", "w") as score:
+            score.write(str(OOM_SCORE_ADJ_MAX))
 
 
 def _descendants(root: int, parents: dict[int, int]) -> set[int]:

@@ -110,6 +110,7 @@ class WorkerProcess:
             os.close(to_worker)
             os.close(from_worker)
             worker_socket.close()
+        sandbox.put_first_for_the_oom_killer(process.pid)
         worker = cls(process, Channel(to_judge, from_judge), exchange, log_path, isolation, fd_socket, log_fd, build_dir)
         try:
             worker.channel.send(setup_frame)  # read before any solution code is imported

@@ -1,5 +1,7 @@
 """The trace recorder: the only writer of traces; changes by anyone else are undone and reported."""
 
+import os
+
 from flashbench.run.recorder import TRACE_FILE_CHANGED, UNTRUSTED_SUFFIX, TraceRecorder
 from flashbench.traces import read_traces
 
@@ -48,3 +50,18 @@ def test_files_there_before_the_run_are_left_alone(tmp_path):
     recorder = recorder_in(tmp_path)
     recorder.record(make_trace("honest", "w1"))
     assert earlier.exists() and not recorder.untrusted
+
+
+def test_a_file_whose_metadata_alone_changed_is_not_set_aside(tmp_path):
+    """A red team's worker at level process (root mapped to root) set the mtime of every trace file it found
+    (os.utime: Landlock has no right for metadata), and the recorder set another GPU's results aside."""
+    other = tmp_path / "traces" / "nvidia_h200" / "op.jsonl"
+    other.parent.mkdir(parents=True)
+    other.write_text(make_trace("kept", "w1").model_dump_json() + "\n")
+    recorder = recorder_in(tmp_path)
+    os.utime(other, (1, 1))
+    recorder.record(make_trace("honest", "w1"))
+    assert other.exists() and recorder.untrusted == []
+    other.write_text(make_trace("forged", "w1").model_dump_json() + "\n")  # content changed: set aside
+    recorder.record(make_trace("next", "w1"))
+    assert not other.exists() and len(recorder.untrusted) == 1

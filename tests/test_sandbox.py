@@ -302,6 +302,14 @@ PROBE = textwrap.dedent(r'''
                 "write": outcome(lambda: write(os.path.join(writable_dir, "made")))}
 
 
+    def cpus():
+        """The CPUs it may run on, those a child of a new session may run on, and widening the set again."""
+        child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                               capture_output=True, text=True, start_new_session=True)
+        return {"mine": sorted(os.sched_getaffinity(0)), "child": json.loads(child.stdout),
+                "widen": outcome(lambda: os.sched_setaffinity(0, range(os.cpu_count())))}
+
+
     def cuda_starts():
         """The first CUDA call, as a GPU solution's first launch makes it."""
         import torch
@@ -699,6 +707,15 @@ def test_limits_and_session(probe_dir, isolation, tmp_path):
     assert (found["core"], found["fsize"], found["as"]) == ([0, 0], [4096, 4096], [8 << 30, 8 << 30])
     assert found["big_write"] == "EFBIG"
     assert found["tmpdir"] == ("/tmp" if isolation == "namespaces" else str(tmp_path / "tmp"))
+
+
+def test_a_worker_and_all_it_starts_keep_to_their_lanes_cpus(probe_dir, isolation):
+    """A worker that spun every CPU from many sessions (each an autogroup of the scheduler's) starved another
+    lane's worker while it was timed: a red team's honest victim read 20 ms a call against 3.8 ms."""
+    share = sorted(os.sched_getaffinity(0))[:1]
+    found = run_probe(probe_dir, isolation, sandbox.SandboxSpec(cpus=tuple(share)), "cpus")
+
+    assert found == {"mine": share, "child": share, "widen": "EPERM"}
 
 
 def test_the_network_is_out_of_reach(probe_dir, isolation):

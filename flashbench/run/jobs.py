@@ -106,9 +106,10 @@ class JobJudge:
                     self._failures[key] = failure
             return self._failures.get(key)
 
-    def start_worker(self, candidate: Candidate, device: str) -> WorkerProcess | None:
-        """A worker with `candidate` built on `device`, or None when the build failed (then
-        known_failure says why). DeviceUnusable when the worker cannot use the device."""
+    def start_worker(self, candidate: Candidate, device: str,
+                     cpus: tuple[int, ...] | None = None) -> WorkerProcess | None:
+        """A worker with `candidate` built on `device` (on `cpus` alone, if given), or None when the build failed
+        (then known_failure says why). DeviceUnusable when the worker cannot use the device."""
         self.environment_of(device)
         # Absolute: the worker's working directory may lie in a directory hidden from it.
         setup = Setup(definition=self.definition, solution=candidate.solution, folder=str(candidate.folder.absolute()),
@@ -118,7 +119,7 @@ class JobJudge:
         try:
             worker = WorkerProcess.start(setup, self.config.isolation, self.config.cache_dir / "workers", memory_limit,
                                          self.config.hidden_from(candidate), account,
-                                         account.task_limit(len(self.options.devices or [device])))
+                                         account.task_limit(len(self.options.devices or [device])), cpus)
         except OSError as exc:
             raise DeviceUnusable(f"its worker could not start: {exc}") from None
         except WorkerGone as gone:  # the candidate's doing (its setup), not the device's

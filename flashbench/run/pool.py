@@ -9,6 +9,7 @@ that fails that check twice in a row is taken out of the pool (a message on stde
 it held goes back to the queue for the others. When no device is left, the run ends.
 """
 
+import os
 import queue
 import sys
 import threading
@@ -52,6 +53,15 @@ def parse_devices(spec: str) -> list[str]:
     return devices
 
 
+def lane_cpus(lanes: int) -> list[tuple[int, ...] | None]:
+    """Each lane's share of the CPUs this process may use, disjoint where there are enough: a worker (and all it
+    starts) of one lane cannot take CPU time from another lane's worker while that one is timed. One lane: any."""
+    if lanes < 2:
+        return [None]
+    available = sorted(os.sched_getaffinity(0))
+    return [tuple(available[lane::lanes]) or (available[lane % len(available)],) for lane in range(lanes)]
+
+
 class DeviceOut(Exception):
     """A device taken out of the pool, and why."""
 
@@ -59,9 +69,10 @@ class DeviceOut(Exception):
 class Lane:
     """One device and the worker it holds: that of the candidate whose job it ran last."""
 
-    def __init__(self, judge: JobJudge, device: str):
+    def __init__(self, judge: JobJudge, device: str, cpus: tuple[int, ...] | None = None):
         self.judge = judge
         self.device = device
+        self.cpus = cpus  # the host CPUs its workers may use (lane_cpus); None: any
         self.candidate = None
         self.worker = None
 
@@ -131,7 +142,7 @@ class Lane:
     def _start(self, candidate):
         for _ in range(STARTS_BEFORE_OUT):
             try:
-                return self.judge.start_worker(candidate, self.device)
+                return self.judge.start_worker(candidate, self.device, self.cpus)
             except DeviceUnusable as exc:
                 reason = str(exc)
         raise DeviceOut(reason)
@@ -163,7 +174,8 @@ class DevicePool:
 
     def __init__(self, judge: JobJudge, devices: list[str]):
         self.judge = judge
-        self.lanes = [Lane(judge, device) for device in devices]
+        shares = lane_cpus(len(devices))
+        self.lanes = [Lane(judge, device, cpus) for device, cpus in zip(devices, shares)]
         self._jobs: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
         self._running: dict[int, int] = {}  # id(lane) -> index of the job it holds

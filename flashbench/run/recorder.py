@@ -2,11 +2,14 @@
 
 Before every append the trace file must hold exactly what this recorder last wrote: otherwise
 something else wrote it while solutions ran; it is put back and every job that could have done
-it is rejected. The rest of the trace directory is watched too: a file that appears or changes
-during the run without this recorder writing it is renamed out of the boards' way
-(`*.untrusted`) and reported.
+it is rejected. The rest of the trace directory is watched too: a file that appears or whose
+content changes during the run without this recorder writing it is renamed out of the boards' way
+(`*.untrusted`) and reported; one whose metadata alone changed stays.
 """
 
+import hashlib
+import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -34,6 +37,7 @@ class TraceRecorder:
         self.save = save
         self._written = b""
         self._stamps: dict[Path, _Stamp] = {}
+        self._digests: dict[Path, str | None] = {}  # the content each file had when last seen (by stamp)
         self.untrusted: list[Path] = []
 
     def open(self) -> None:
@@ -43,6 +47,7 @@ class TraceRecorder:
         check_writable(self.trace_file)
         self._written = self.trace_file.read_bytes()
         self._stamps = _stamps(self.trace_dir)
+        self._digests = {path: _digest(path) for path in self._stamps}
 
     def record(self, trace: Trace) -> tuple[Trace, bool]:
         """Append `trace`; also whether the trace file had been changed by someone else (then it is
@@ -73,6 +78,10 @@ class TraceRecorder:
         for path, stamp in _stamps(self.trace_dir).items():
             if path == self.trace_file or self._stamps.get(path) == stamp:
                 continue
+            if path in self._digests and _digest(path) == self._digests[path]:
+                # Only its metadata changed (a worker at level process may touch, chmod or set xattrs on the runner's
+                # files: Landlock has no rights for them): its content is what it was, and it stays where it is.
+                continue
             aside = path.with_name(f"{path.name}.{int(time.time())}{UNTRUSTED_SUFFIX}")
             path.replace(aside)
             found.append(aside)
@@ -80,6 +89,8 @@ class TraceRecorder:
                   f"moved to {aside.name}", file=sys.stderr)
         self.untrusted += found
         self._stamps = _stamps(self.trace_dir)
+        for path in self._stamps:
+            self._digests.setdefault(path, None if path in found else _digest(path))
         return found
 
 
@@ -94,6 +105,21 @@ def _stamps(folder: Path) -> dict[Path, _Stamp]:
             continue
         stamps[path] = _stamp(path)
     return stamps
+
+
+def _digest(path: Path) -> str | None:
+    """A file's content (a link's target), to tell a changed file from one whose metadata alone changed; None
+    for what is neither a link nor a plain file (a pipe would block the read) or cannot be read."""
+    try:
+        if path.is_symlink():
+            return hashlib.sha256(f"link:{path.readlink()}".encode()).hexdigest()
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _stamp(path: Path) -> _Stamp:

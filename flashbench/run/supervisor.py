@@ -61,12 +61,12 @@ class WorkerProcess:
     @classmethod
     def start(cls, setup: Setup, isolation: str, work_root: Path, memory_limit_bytes: int | None,
               hidden: tuple[Path, ...] = (), account: sandbox.WorkerAccount = sandbox.WorkerAccount(None),
-              task_limit: int | None = None) -> "WorkerProcess":
+              task_limit: int | None = None, cpus: tuple[int, ...] | None = None) -> "WorkerProcess":
         """The worker may write only its exchange directory (its TMPDIR at level process) and the
         solution's own build directory; its log is a file it holds open but cannot reach by name. At the
         namespaces level the `hidden` directories are empty to it, but for its solution's folder, build and
         exchange directories. It runs as `account` says: a uid of its own owns those two directories.
-        `task_limit`: its RLIMIT_NPROC (WorkerAccount.task_limit), if any.
+        `task_limit`: its RLIMIT_NPROC (WorkerAccount.task_limit), if any; `cpus`: its lane's CPUs (pool.lane_cpus).
         It gets three descriptors: the request pipe, the reply pipe, and its end of the descriptor
         socket, on which a CPU job's arena (a sealed memfd) comes."""
         setup_frame = frame(setup)  # the worker refuses a larger first frame: say why before it starts
@@ -81,7 +81,7 @@ class WorkerProcess:
         _give_directory(exchange, account.uid)
         spec = sandbox.SandboxSpec(writable=(str(exchange), str(build_dir)), readable=(setup.folder,),
                                    hidden=tuple(map(str, hidden)), memory_limit_bytes=memory_limit_bytes,
-                                   task_limit=task_limit)
+                                   task_limit=task_limit, cpus=cpus)
         to_worker, from_judge = _pipe()
         to_judge, from_worker = _pipe()
         fd_socket, worker_socket = fd_socket_pair()

@@ -1,5 +1,6 @@
 """The steps of a batch: the L2 flush methods and the batch loop, run on the CPU with small buffers."""
 
+import contextlib
 import time
 
 import pytest
@@ -402,3 +403,55 @@ def test_a_linked_redraw_derives_the_rotations_and_signs_of_each_link_and_seed(d
         assert factor.item() == (torch.tensor(mixed, dtype=torch.float32) * 2.0 ** -31 + 1).item()
         assert 1 <= factor.item() < 2
     assert (derive._graph is not None) == (device == "cuda")
+
+
+@contextlib.contextmanager
+def solution_defaults(dtype: torch.dtype, device: str):
+    """torch's process-wide defaults as a solution may set them at import, in the worker that runs its batches."""
+    kept = torch.get_default_dtype(), torch.get_default_device()
+    torch.set_default_dtype(dtype)
+    torch.set_default_device(device)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(kept[0])
+        torch.set_default_device(kept[1])
+
+
+@pytest.mark.parametrize("definition_name, workload_name", [
+    ("mla_paged_decode_h16_ckv512_kpe64_ps1", "smoke_mixed"),
+    ("mha_varlen_prefill_causal_h128_dqk128_dv128", "smoke_varlen"),
+    ("flashmla_sparse_fp8_quantize_ckv512_kpe64_ps64", "smoke_one_block"),
+])
+@pytest.mark.parametrize("dtype, device", [(torch.float64, "cpu"), (torch.float32, "meta")])
+def test_a_solutions_torch_defaults_change_nothing_the_worker_draws_flushes_or_links(definition_name, workload_name,
+                                                                                     dtype, device):
+    """A solution that did its arithmetic in float64 (torch.set_default_dtype at import) was REJECTED
+    "modified its inputs": the worker's redraws, made in its process, drew float64 values where the judge's
+    drew float32. Every step the worker runs for the judge names its dtype and device; under a default
+    device of "meta", a step that did not would fail or differ here."""
+    from pathlib import Path
+
+    from flashbench import Repo, generate_inputs
+    repo = Repo(Path(__file__).resolve().parents[1])
+    definition = repo.definition(definition_name)
+    workload = next(w for w in repo.workload_set(definition_name).workloads if w.name == workload_name)
+    made = generate_inputs(definition, workload, 7, "cpu", repo.definition_path(definition_name).parent)
+    made = {k: v for k, v in made.items() if isinstance(v, torch.Tensor)}
+    buffer = L2Flush("read", "cpu", nbytes=1 << 16).read_buffer
+    seen = {}
+    for side, defaults in (("judge", contextlib.nullcontext()), ("worker", solution_defaults(dtype, device))):
+        with defaults:
+            sets = InputSets(definition, workload, [{k: v.clone() for k, v in made.items()}],
+                             random_inputs(definition, workload))
+            flush = L2Flush("read", "cpu", nbytes=1 << 16, read_buffer=buffer.clone())
+            calls = [Call(set=0, slot=k, seed=100 + k) for k in range(3)]
+            drawn = []
+            slots = [[t.clone() for t in made.values()] for _ in calls]
+            links, flushed = run_batch(Batch(calls=calls, fresh_seed=5), sets, flush,
+                                       lambda call: drawn.append({k: v.clone() for k, v in sets.sets[0].items()}),
+                                       lambda call: None, CallClock("cpu", len(calls)), lambda call: slots[call.slot])
+            seen[side] = drawn, link_values(links), [int(f) for f in flushed]
+    assert seen["worker"][1:] == seen["judge"][1:]
+    for worker, judge in zip(seen["worker"][0], seen["judge"][0]):
+        assert all(worker[k].dtype == judge[k].dtype and torch.equal(worker[k], judge[k]) for k in judge)

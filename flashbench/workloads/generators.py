@@ -246,19 +246,21 @@ def _in_chunks(count: int, width: int, dtype: torch.dtype, device, make: Callabl
 
 def _fresh_token_values(spec: KVCacheValues, n: int, generator: torch.Generator, device) -> torch.Tensor:
     """mla_cache_tokens' draw in torch, float32 (no host synchronisation: masks, not nonzero)."""
-    values = torch.randn(n, MLA_HEAD_DIM, generator=generator, device=device)
+    values = torch.randn(n, MLA_HEAD_DIM, generator=generator, device=device, dtype=torch.float32)
     tiles = values[:, :MLA_LATENT].unflatten(-1, (MLA_LATENT // MLA_TILE, MLA_TILE))  # a view
     half = spec.spread / 2
-    tiles.mul_(torch.exp2(torch.rand(n, MLA_LATENT // MLA_TILE, 1, generator=generator, device=device) * (2 * half) - half))
+    tile_shape = (n, MLA_LATENT // MLA_TILE, 1)
+    exponents = torch.rand(tile_shape, generator=generator, device=device, dtype=torch.float32) * (2 * half) - half
+    tiles.mul_(torch.exp2(exponents))
     if spec.boundary_tiles > 0:
-        chosen = torch.rand(n, MLA_LATENT // MLA_TILE, 1, generator=generator, device=device) < spec.boundary_tiles
+        chosen = torch.rand(tile_shape, generator=generator, device=device, dtype=torch.float32) < spec.boundary_tiles
         largest = tiles.abs().argmax(dim=-1, keepdim=True)
         peak = tiles.gather(-1, largest)
         # the next 448 * 2^k at or above the tile's largest |value|: its scale is exactly 2^k
         bound = 448.0 * torch.exp2(torch.ceil(torch.log2(peak.abs().clamp_min(1e-30) / 448.0)))
         tiles.scatter_(-1, largest, torch.where(chosen, torch.copysign(bound, peak), peak))
     if spec.zero_tokens > 0:
-        zero = torch.rand(n, 1, generator=generator, device=device) < spec.zero_tokens
+        zero = torch.rand(n, 1, generator=generator, device=device, dtype=torch.float32) < spec.zero_tokens
         values = torch.where(zero, 0.0, values)
     return values
 
@@ -266,7 +268,7 @@ def _fresh_token_values(spec: KVCacheValues, n: int, generator: torch.Generator,
 def _nan_token_bytes(bytes_per_token: int) -> torch.Tensor:
     """One packed FP8 token whose every field is NaN: e4m3 0x7F, float32 and bfloat16 NaNs."""
     row = torch.full((bytes_per_token,), 0x7F, dtype=torch.int8)
-    row[MLA_LATENT:MLA_LATENT + 16] = torch.full((4,), float("nan")).view(torch.int8)
+    row[MLA_LATENT:MLA_LATENT + 16] = torch.full((4,), float("nan"), dtype=torch.float32).view(torch.int8)
     row[MLA_LATENT + 16:] = torch.full(((bytes_per_token - MLA_LATENT - 16) // 2,), float("nan"),
                                        dtype=torch.bfloat16).view(torch.int8)
     return row

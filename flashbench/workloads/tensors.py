@@ -25,9 +25,9 @@ def random_tensor(spec: RandomInput, shape: list[int], dtype: str, seed: int, de
         return torch.randint(int(spec.low), int(spec.high), shape, generator=generator, device=device, dtype=target)
     if spec.distribution == "uniform":
         low, high = uniform_range(spec)
-        values = torch.rand(shape, generator=generator, device=device) * (high - low) + low
+        values = torch.rand(shape, generator=generator, device=device, dtype=torch.float32) * (high - low) + low
     else:
-        values = torch.randn(shape, generator=generator, device=device) * spec.std + spec.mean
+        values = torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * spec.std + spec.mean
     return values.to(target)
 
 

@@ -75,12 +75,17 @@ def test_a_worker_mapping_shares_the_judges_bytes():
         views(worker_memory, layout.slots[1])["y"].copy_(torch.tensor([1, 2, 3, 4]))
         assert views(arena.memory, layout.slots[1])["y"].tolist() == [1, 2, 3, 4]
         assert views(arena.memory, layout.slots[0])["y"].tolist() == [0, 0, 0, 0]
+        # Shared with a child process (as pickling for torch.multiprocessing does), an input stays in the arena:
+        # moved to fresh shared memory, the worker's every input and slot was cut off from the judge's bytes.
+        shared = views(worker_memory, layout.sets[0])["x"].share_memory_()
+        shared.add_(1)
+        assert torch.equal(views(arena.memory, layout.sets[0])["x"], inputs["x"] + 1)
     finally:
         arena.close()
         arena.close()  # twice is safe: the descriptor is closed once
         judge_end.close()
         worker_end.close()
-    del worker_memory  # a mapping holds a descriptor of its own (Python's mmap) until it goes
+    del worker_memory, shared  # a mapping holds a descriptor of its own (torch's shared storage) until it goes
     gc.collect()
     assert arena_descriptors() == before  # none outlives the job's tensors, and no file ever existed
 

@@ -147,10 +147,14 @@ def open_memfd_arena(fd: int, nbytes: int) -> torch.Tensor:
     nbytes = max(nbytes, ALIGNMENT)
     try:
         check_sealed_memfd(fd, nbytes)
-        mapped = mmap.mmap(fd, nbytes)
+        # Mapped as torch's own shared memory (the storage keeps a duplicate of the descriptor): pickling an
+        # input for a child process (torch.multiprocessing's reductions, a spawn Process's arguments) or
+        # share_memory_() then reuses this memfd instead of moving the whole arena's storage to fresh shared
+        # memory, which would detach every input set and output slot of the worker from the judge's memfd.
+        storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)
     finally:
         os.close(fd)
-    return torch.frombuffer(mapped, dtype=torch.uint8)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
 def check_sealed_memfd(fd: int, nbytes: int) -> None:

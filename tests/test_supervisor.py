@@ -428,6 +428,23 @@ def test_a_directory_a_worker_of_another_uid_filled_is_emptied_before_it_is_hand
     assert host_file.stat().st_uid == 0 and host_file.read_text() == "the host's"
 
 
+def test_a_directory_the_worker_uid_filled_is_emptied_for_a_run_whose_workers_are_root(tmp_path):
+    """Runs as the worker uid, then as root (an interpreter the uid cannot reach): root of the user namespace
+    could not write the folders an earlier run's workers left, and a C++ extension's build failed."""
+    if os.geteuid() != 0:
+        pytest.skip("only root hands a directory to another uid")
+    uid = sandbox.configured_worker_uid()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "lock").write_bytes(b"")
+    os.chown(theirs, uid, uid)
+    os.chown(theirs / "lock", uid, uid)
+
+    supervisor._give_directory(theirs, None)
+
+    assert (theirs.stat().st_uid, list(theirs.iterdir())) == (0, [])
+
+
 def test_a_build_directory_du_cannot_even_start_on_is_not_held_against_the_solution(tmp_path, monkeypatch):
     """Other lanes' sandboxes had taken the host's last PIDs: the judge's `du` could not fork, and the honest
     solution whose job had just ended was REJECTED and its build directory emptied."""

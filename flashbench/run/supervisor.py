@@ -278,16 +278,19 @@ class WorkerProcess:
 
 
 def _give_directory(path: Path, uid: int | None) -> None:
-    """`path`, made where missing, owned by `uid` (None: this process's, as made). A build directory a
-    worker of another uid filled is emptied first, not handed over file by file: what it holds is the
-    solution's, and a link or a hard link in it would hand the new owner a file of the host's."""
+    """`path`, made where missing, owned by `uid` (None: this process's). A build directory a worker of
+    another uid filled is emptied first, not handed over file by file: what it holds is the solution's, and
+    a link or a hard link in it would hand the new owner a file of the host's. That includes an earlier
+    run's workers of the worker uid when this run's are the runner's: root of a user namespace that maps
+    only the runner could not write what they left (a C++ extension's lock file: INVALID_SOLUTION)."""
+    owner = os.geteuid() if uid is None else uid
     path.mkdir(parents=True, exist_ok=True)
-    if uid is None or path.stat().st_uid == uid:
+    if path.stat().st_uid == owner:
         return
     if any(path.iterdir()):
         sandbox.remove_tree(path)
         path.mkdir(parents=True)
-    os.chown(path, uid, uid, follow_symlinks=False)
+    os.chown(path, owner, os.getegid() if uid is None else uid, follow_symlinks=False)
 
 
 def _dies_with_this_thread():

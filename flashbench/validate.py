@@ -1,6 +1,7 @@
 """`flashbench validate`: check definitions, workload sets and solution folders without running them."""
 
 import ast
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,16 +138,39 @@ def check_signature_statically(source: Path, function: str, expected: list[str],
         raise FlashbenchError(f"{source.name} line {exc.lineno}: {exc.msg}", manifest, "entry_point") from None
     except (ValueError, MemoryError, RecursionError) as exc:
         raise FlashbenchError(f"{source.name} cannot be parsed: {type(exc).__name__}", manifest, "entry_point") from None
-    for node in tree.body:
+    rebound = False
+    for node in _module_level(tree.body):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            rebound |= any((alias.asname or alias.name.split(".")[0]) == function for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            rebound |= any(isinstance(t, ast.Name) and t.id == function for t in targets)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
             args = node.args
             if args.vararg or args.kwarg:
                 return
             names = [a.arg for a in args.posonlyargs + args.args]
-            if names != expected:
+            # Called by position: the names guard the order; more parameters are fine where they have defaults.
+            required = len(names) - len(args.defaults)
+            if names[:len(expected)] != expected or required > len(expected) or None in args.kw_defaults:
                 raise FlashbenchError(
-                    f"{function} takes ({', '.join(names)}) but must take ({', '.join(expected)})",
-                    manifest, "entry_point",
+                    f"{function} takes ({', '.join(names)}) but must take ({', '.join(expected)}), in that order "
+                    f"(more parameters only with defaults)", manifest, "entry_point",
                 )
             return
+    if rebound:  # `from impl import run`, `run = torch.compile(f)`: a callable the import alone can tell
+        return
     raise FlashbenchError(f"{source.name} defines no top-level function {function!r}", manifest, "entry_point")
+
+
+def _module_level(body: list) -> Iterator:
+    """The statements that run at import, the bodies of top-level if / try / with blocks included (a `def run`
+    chosen by an optional import is as top-level as any)."""
+    for node in body:
+        yield node
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            yield from _module_level(node.body)
+            for handler in getattr(node, "handlers", []):
+                yield from _module_level(handler.body)
+            for extra in ("orelse", "finalbody"):
+                yield from _module_level(getattr(node, extra, []))

@@ -186,6 +186,29 @@ def test_solution_with_wrong_signature_fails_validation(root):
     assert not results[path].ok and "entry_point" in results[path].error and "run takes (q_nope, q_pe)" in results[path].error
 
 
+DECODE_PARAMETERS = "q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale"
+
+
+@pytest.mark.parametrize("source, ok", [
+    ("from decode_core import decode as run\n", True),  # a callable the import alone can tell
+    (f"import torch\ndef decode({DECODE_PARAMETERS}):\n    pass\nrun = torch.no_grad()(decode)\n", True),
+    ("try:\n    import triton\nexcept ImportError:\n    pass\nelse:\n"
+     f"    def run({DECODE_PARAMETERS}):\n        pass\n", True),
+    (f"def run({DECODE_PARAMETERS}, block=64, *, warps=4):\n    pass\n", True),  # more, with defaults
+    (f"def run({DECODE_PARAMETERS}, block):\n    pass\n", False),
+    (f"def run({DECODE_PARAMETERS}, *, warps):\n    pass\n", False),
+    ("def run(q_pe, q_nope, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):\n    pass\n", False),  # order
+    ("def decode():\n    pass\nif False:\n    x = 1\n", False),
+])
+def test_an_entry_function_is_found_wherever_the_import_defines_it_and_takes_the_inputs_in_order(root, source, ok):
+    """validate refused entry files that `run` imports and calls: a function bound by an import or an
+    assignment, a def inside a top-level try, a parameter more with a default."""
+    path = add_solution(root, DECODE, DECODE)
+    (path / "kernel.py").write_text(source)
+    results = {c.path: c for c in validate(Repo(root), [path])}
+    assert results[path].ok == ok, results[path].error
+
+
 @pytest.mark.parametrize("source", [b"x = " + b"-" * 100_000 + b"1\n", b"x = " + b"1+" * 200_000 + b"1\n",
                                     b"def run():\n    return '\xff'\n", b"x = 1\0\n"])
 def test_an_entry_source_the_parser_cannot_hold_fails_validation_with_one_line(root, source):

@@ -934,6 +934,17 @@ def sandbox_processes(pid: int, isolation: str) -> list[int]:
     return sorted(p for p in members if p != worker)
 
 
+def command_line(pid: int, limit: int = 80) -> str:
+    """A process's command line as one short line (its own words: the caller keeps them as text), or "?"."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            words = cmdline.read(4 * limit).split(b"\0")
+    except OSError:
+        return "?"
+    line = " ".join(word.decode(errors="replace") for word in words if word) or "?"
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
 def put_first_for_the_oom_killer(pid: int) -> None:
     """Make the sandbox started as `pid` the kernel's first choice when the host runs out of memory: a
     GPU worker's host memory has no limit, and a CPU worker's address-space limit leaves out memfds it

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from ..dtypes import is_float
 from ..model import OutputError, Status
+from . import sandbox
 from .arena import Arena, plan_layout, views
 from .judge.check import CheckedCall, Verdict, check_job
 from .judge.clock import (Baseline, CleanSteps, disagreement, harness_per_call_ms, judge_per_call_ms, skipped_steps,
@@ -472,9 +473,11 @@ class _Job:
         leftovers = self.worker.leftovers()
         if leftovers:
             log = self.worker.log_tail()
+            first = sandbox.command_line(leftovers[0])  # e.g. multiprocessing's resource tracker, which spawn starts
             self.worker.close()
             raise _Stop(JobOutcome(status="REJECTED", log=log, worker_usable=False,
-                                   message=f"left {len(leftovers)} process(es) running after its calls; they were killed"))
+                                   message=f"left {len(leftovers)} process(es) running after its calls ({first}); "
+                                           f"they were killed"))
 
     def reject_changed_inputs(self) -> None:
         for arena_set, expected in zip(self.arena_sets, self.inputs.current):

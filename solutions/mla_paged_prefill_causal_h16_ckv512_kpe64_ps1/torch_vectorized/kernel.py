@@ -2,13 +2,15 @@
 
 Every request is padded to the longest query length and the longest KV length of the batch; the
 keys [ckv | kpe] and queries [q_nope | q_pe] are gathered into dense tensors, the scores of all heads
-and queries come from one batched matmul (bf16 inputs, fp32 accumulation), the causal and padding
+for a chunk of query positions come from one batched matmul (fp32), the causal and padding
 masks are applied in fp32, and the output is a second batched matmul with ckv as the value.
 """
 
 import math
 
 import torch
+
+LOGITS_PER_CHUNK = 1 << 28
 
 
 def run(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale):
@@ -43,20 +45,30 @@ def run(q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm
     kpe = kpe_cache.reshape(kpe_cache.shape[0], -1)[pages]  # [B, max_kv, 64]
     keys = torch.cat([ckv, kpe], dim=-1)  # [B, max_kv, 576]
 
-    # Scores for every (query, head) row of a request at once: [B, max_q * H, max_kv].
-    scores = torch.matmul(q.reshape(num_req, max_q * num_heads, -1).float(), keys.transpose(1, 2).float())
-    scores = scores.reshape(num_req, max_q, num_heads, max_kv) * sm_scale
+    # Scores for every (query, head) row of a request, for a chunk of query positions at a time, so that the
+    # padded fp32 scores stay near 2^28 elements (a skewed batch of 33 requests padded to 2624 queries and
+    # 3202 keys would need 18 GB at once): [B, chunk * H, max_kv].
+    chunk = max(1, min(max_q, LOGITS_PER_CHUNK // max(1, num_req * num_heads * max_kv)))
+    keys_t = keys.transpose(1, 2).float()
+    out = torch.empty(num_req, max_q, num_heads, head_dim_ckv, dtype=torch.bfloat16, device=device)
+    lse_nat = torch.empty(num_req, max_q, num_heads, dtype=torch.float32, device=device)
+    for first in range(0, max_q, chunk):
+        last = min(first + chunk, max_q)
+        rows = last - first
+        scores = torch.matmul(q[:, first:last].reshape(num_req, rows * num_heads, -1).float(), keys_t)
+        scores = scores.reshape(num_req, rows, num_heads, max_kv) * sm_scale
 
-    # Query i sees keys j <= kv_len - q_len + i (and only real keys).
-    limit = (kv_lens - q_lens)[:, None] + q_pos[None, :]  # [B, max_q]
-    visible = (kv_pos[None, None, :] <= limit[:, :, None]) & kv_valid[:, None, :]
-    scores = scores.masked_fill(~visible[:, :, None, :], -math.inf)
+        # Query i sees keys j <= kv_len - q_len + i (and only real keys).
+        limit = (kv_lens - q_lens)[:, None] + q_pos[None, first:last]  # [B, rows]
+        visible = (kv_pos[None, None, :] <= limit[:, :, None]) & kv_valid[:, None, :]
+        scores = scores.masked_fill(~visible[:, :, None, :], -math.inf)
 
-    lse_nat = torch.logsumexp(scores, dim=-1)  # [B, max_q, H]; -inf where nothing is visible
-    sees_any = visible.any(dim=-1)[:, :, None]  # [B, max_q, 1]
-    probs = torch.exp(scores - torch.where(sees_any, lse_nat, 0.0)[..., None])
-    probs = probs.to(torch.bfloat16).reshape(num_req, max_q * num_heads, max_kv)
-    out = torch.matmul(probs, ckv).reshape(num_req, max_q, num_heads, head_dim_ckv)
+        chunk_lse = torch.logsumexp(scores, dim=-1)  # [B, rows, H]; -inf where nothing is visible
+        sees_any = visible.any(dim=-1)[:, :, None]  # [B, rows, 1]
+        probs = torch.exp(scores - torch.where(sees_any, chunk_lse, 0.0)[..., None])
+        probs = probs.to(torch.bfloat16).reshape(num_req, rows * num_heads, max_kv)
+        out[:, first:last] = torch.matmul(probs, ckv).reshape(num_req, rows, num_heads, head_dim_ckv)
+        lse_nat[:, first:last] = chunk_lse
 
     # Requests are stored one after another, so the valid padded rows in order are the token rows.
     output[:] = out[q_valid]

@@ -31,10 +31,15 @@ CASES = {
     "q_longer_than_kv": ([7, 3], [4, 40]),
     "self_attention": ([20, 1], [20, 1]),
     "empty_request": ([0, 6, 13], [5, 6, 37]),
+    "zero_scale": ([5, 3], [5, 43]),
+    "negative_scale": ([5, 3], [5, 43]),
 }
+# sm_scale per case, where not 1/sqrt(192): the definition allows any (a masked -inf times a scale <= 0
+# made every output of triton_causal NaN)
+SCALES = {"zero_scale": 0.0, "negative_scale": -0.5}
 
 
-def make_inputs(q_lens, kv_lens, seed, num_pages=300):
+def make_inputs(q_lens, kv_lens, seed, sm_scale=1.0 / math.sqrt(128 + 64), num_pages=300):
     gen = torch.Generator().manual_seed(seed)
     total_q, total_kv = sum(q_lens), sum(kv_lens)
     q_nope = torch.randn(total_q, 16, 512, generator=gen).to(torch.bfloat16)
@@ -44,7 +49,6 @@ def make_inputs(q_lens, kv_lens, seed, num_pages=300):
     qo_indptr = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
     kv_indptr = torch.tensor([0] + kv_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
     kv_indices = torch.randperm(num_pages, generator=gen)[:total_kv].to(torch.int32)
-    sm_scale = 1.0 / math.sqrt(128 + 64)
     return q_nope, q_pe, ckv_cache, kpe_cache, qo_indptr, kv_indptr, kv_indices, sm_scale
 
 
@@ -54,7 +58,7 @@ def check_triton_cases():
     kernel = load_module("prefill_triton_causal", TRITON_KERNEL, TRITON_KERNEL.parent)
     results = {}
     for seed, (name, (q_lens, kv_lens)) in enumerate(CASES.items()):
-        inputs = make_inputs(q_lens, kv_lens, seed)
+        inputs = make_inputs(q_lens, kv_lens, seed, *[SCALES[name]] if name in SCALES else [])
         ref_output, ref_lse = reference.run(*inputs)
         output = torch.full_like(ref_output, float("nan"))  # poisoned: every row must be written
         lse = torch.full_like(ref_lse, float("nan"))
@@ -83,7 +87,7 @@ def test_torch_vectorized(name, logits_per_chunk, monkeypatch):
     kernel = load_module("prefill_torch_vectorized", TORCH_KERNEL)
     monkeypatch.setattr(kernel, "LOGITS_PER_CHUNK", logits_per_chunk)
     q_lens, kv_lens = CASES[name]
-    inputs = make_inputs(q_lens, kv_lens, seed=list(CASES).index(name))
+    inputs = make_inputs(q_lens, kv_lens, list(CASES).index(name), *[SCALES[name]] if name in SCALES else [])
     ref_output, ref_lse = reference.run(*inputs)
     output, lse = kernel.run(*inputs)
     assert output.dtype == torch.bfloat16 and lse.dtype == torch.float32

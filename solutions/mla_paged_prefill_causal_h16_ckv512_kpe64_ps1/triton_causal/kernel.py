@@ -15,8 +15,8 @@ Work decomposition
     once into shared memory and serves as the key part of q.k^T and as the value of p.v, both on
     tensor cores (wgmma); keys past the tile's last visible key are never visited. The 64 x 512 fp32
     accumulator is spread over 8 warps (two warp groups, 256 value columns each).
-  * Base-2 online softmax: the running max is kept in scaled base-2 units and sm_scale * log2(e) is
-    folded into the exponent (one FMA per score before exp2).
+  * Base-2 online softmax: scores are scaled by sm_scale * log2(e) before the mask (any scale, zero
+    and negative included) and the running max is kept in those units.
   * Rows that see no key write output 0 and lse -inf.
 
 Measured on an H200 (triton 3.6): 1 x 8192 causal ~4.06 ms (~288 TFLOP/s). Triton lays out the score
@@ -119,15 +119,18 @@ def _attend_block(acc, l_i, m_i, qn, qp, start, kv_hi, row_limit,
         ckv = ckv.to(tl.float32)
         kpe = kpe.to(tl.float32)
     s = tl.dot(qn, tl.trans(ckv))
-    s = tl.dot(qp, tl.trans(kpe), s)  # raw scores; qk_scale (> 0) is applied inside the exp2 below
+    s = tl.dot(qp, tl.trans(kpe), s)
+    # Scale before masking: a masked -inf times qk_scale <= 0 would be NaN or +inf, and for
+    # qk_scale < 0 max(s) * qk_scale is not the maximum of the scaled scores.
+    s = s * qk_scale
     if MASKED:
         s = tl.where(offs_n[None, :] < row_limit[:, None], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.math.exp2(m_i - m_new)
     acc = acc * alpha[:, None]
     l_i = l_i * alpha
     m_i = m_new
-    p = tl.math.exp2(s * qk_scale - m_i[:, None])
+    p = tl.math.exp2(s - m_i[:, None])
     l_i = l_i + tl.sum(p, axis=1)
     if not F32_DOT:
         p = p.to(ckv.dtype)

@@ -144,6 +144,7 @@ class FakeJudge:
         self.held_after: set[int] = set()  # jobs after which the idle worker holds the device
         self.measured: list[tuple[str, int]] = []  # (workload, workers alive) at each clean measurement
         self.held: set[int] = set()  # jobs that run until their worker is closed
+        self.together: threading.Barrier | None = None  # jobs wait here for one on each other lane
         self.holding = threading.Event()
         self.busy: dict[str, int] = {}
         self.most_at_once: dict[str, int] = {}
@@ -200,6 +201,8 @@ class FakeJudge:
         if job.index in self.held:
             self.holding.set()
             worker.closed.wait(30)
+        if self.together is not None:
+            self.together.wait(30)
         time.sleep(self.seconds)
         with self.lock:
             self.busy[device] -= 1
@@ -346,9 +349,11 @@ def test_every_lanes_worker_is_ended_before_steps_are_measured_clean():
     """A worker left from the phase before on another lane (a resumed run's second phase) could load the host
     or its GPU while the judge times the steps alone: every lane's worker ends first."""
     judge = FakeJudge(seconds=0)
+    judge.together = threading.Barrier(2)  # each lane runs jobs of the first phase, however the threads are scheduled
     with DevicePool(judge, ["cpu", "cpu"]) as pool:
         list(pool.run(fake_jobs(4)))
         assert len(judge.starts) - len(judge.closed) == 2  # both lanes hold a worker
+        judge.together = None
         judge.unmeasured = {"w0", "w1"}
         done = list(pool.run(fake_jobs(4)))
     assert [outcome.status for _, outcome, _ in done] == ["PASSED"] * 4

@@ -1,0 +1,108 @@
+"""Random workloads for a correctness sweep of every solution (GPU or CPU), tagged `fuzz`.
+
+Appends PER random workloads to the workload sets of the six main definitions (MLA paged decode and
+prefill, the FlashMLA-form decode at 16 and 128 heads, MHA varlen prefill at d_qk 128 and 192) of the
+repository in the current directory: request counts from 1 to 257, lengths at and around tile edges
+(0, 1, 15-17, 31-33, 63-65, 127-129, ...) mixed with random and a few long ones, 1 to 4 query tokens
+on the FlashMLA form, prefixes or none, and scales from 0.0417 to 1. The same SEED gives the same
+workloads (uuids included). Run it in a scratch copy, never in a checkout you commit from, then:
+
+    python benchmarks/fuzz_workloads.py SEED PER
+    flashbench run --def mla_paged_decode --workload fuzz --iters 20 --warmup 2
+
+docs/peers.md ("Correctness on random workloads") has what a sweep found.
+"""
+
+import random
+import sys
+import uuid
+from pathlib import Path
+
+import yaml
+
+DEFINITIONS = Path.cwd() / "definitions"
+EDGES = [0, 1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 257, 511, 1023, 1025]
+SCALES = [0.0722, 0.1352, 0.0417, 0.5, 1.0]
+
+
+class Draw:
+    """The random choices of one sweep, from its seed."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+
+    def lengths(self, count: int, top: int, zeros: bool = True) -> list[int]:
+        """About a third at a tile edge, most up to top/8, a tenth from top/4 to top."""
+        out = []
+        for _ in range(count):
+            r = self.rng.random()
+            if r < 0.35:
+                out.append(self.rng.choice(EDGES if zeros else EDGES[1:]))
+            elif r < 0.9:
+                out.append(self.rng.randint(1, top // 8))
+            else:
+                out.append(self.rng.randint(top // 4, top))
+        return out
+
+    def batch(self) -> int:
+        return self.rng.choice([1, 2, 3, 5, 7, 13, 31, 33, 64, 97, 130, 257])
+
+    def scale(self) -> dict:
+        return {"type": "scalar", "value": self.rng.choice(SCALES)}
+
+    def decode(self) -> dict:
+        kv = self.lengths(self.batch(), 40000)
+        return {"inputs": {"sm_scale": self.scale()}, "generate": [{
+            "generator": "paged_kv", "page_pool": sum(kv) + 50, "kv_lens": {"distribution": "list", "values": kv}}]}
+
+    def prefill(self) -> dict:
+        count = self.rng.choice([1, 2, 3, 7, 13, 33])
+        q, prefix = self.lengths(count, 3000), self.lengths(count, 6000)
+        return {"inputs": {"sm_scale": self.scale()}, "generate": [{
+            "generator": "paged_kv", "page_pool": sum(q) + sum(prefix) + 50,
+            "q_lens": {"distribution": "list", "values": q}, "prefix_lens": {"distribution": "list", "values": prefix}}]}
+
+    def flashmla_decode(self) -> dict:
+        count = self.batch()
+        queries = self.rng.choice([1, 1, 2, 3, 4])
+        lengths = [max(n, queries) for n in self.lengths(count, 33000, zeros=False)]
+        blocks = sum(-(-n // 64) for n in lengths)
+        return {"axes": {"seq_len_q": queries}, "inputs": {"softmax_scale": self.scale()}, "generate": [{
+            "generator": "block_table", "block_size": 64, "block_pool": blocks + self.rng.randint(0, 100),
+            "seqlens": {"distribution": "list", "values": lengths}}]}
+
+    def varlen(self) -> dict:
+        count = self.rng.choice([1, 2, 3, 7, 13, 33])
+        spec = {"generator": "varlen", "q_lens": {"distribution": "list", "values": self.lengths(count, 6000)}}
+        workload = {"inputs": {"softmax_scale": self.scale()}, "generate": [spec]}
+        if self.rng.random() < 0.5:
+            spec["prefix_lens"] = {"distribution": "list", "values": self.lengths(count, 6000)}
+        return workload
+
+
+def append(path: Path, make, per: int, draw: Draw) -> None:
+    document = yaml.safe_load(path.read_text())
+    for i in range(per):
+        workload = make()
+        workload.update(uuid=str(uuid.UUID(int=draw.rng.getrandbits(128))), name=f"fuzz{i}", tags=["fuzz"])
+        document["workloads"].append(workload)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def main(seed: int, per: int) -> None:
+    draw = Draw(seed)
+    append(DEFINITIONS / "mla_paged/mla_paged_decode_h16_ckv512_kpe64_ps1.workloads.yaml", draw.decode, per, draw)
+    append(DEFINITIONS / "mla_paged/mla_paged_prefill_causal_h16_ckv512_kpe64_ps1.workloads.yaml", draw.prefill, per,
+           draw)
+    for heads in (16, 128):
+        append(DEFINITIONS / f"flashmla_decode/flashmla_decode_causal_h{heads}_ckv512_kpe64_ps64.workloads.yaml",
+               draw.flashmla_decode, per, draw)
+    for dim in (128, 192):
+        append(DEFINITIONS / f"mha_varlen/mha_varlen_prefill_causal_h128_dqk{dim}_dv128.workloads.yaml", draw.varlen,
+               per, draw)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python benchmarks/fuzz_workloads.py SEED PER")
+    main(int(sys.argv[1]), int(sys.argv[2]))

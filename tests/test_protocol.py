@@ -9,16 +9,18 @@ import os
 import pickle
 import socket
 import struct
+import threading
 import time
 
 import pytest
 from pydantic import ValidationError
 
 from flashbench.model import Workload
-from flashbench.run.protocol import (ARENA_TAG, MAX_FRAME_BYTES, ArenaHandle, ArenaLayout, Batch, BatchDone, Call,
-                                     CallTimes, Channel, ChannelClosed, ChannelTimeout, Failed, Open, Opened,
-                                     ProtocolError, Ready, fd_socket_pair, frame, parse_reply, parse_request,
-                                     receive_fd, send_fd)
+from flashbench.run.protocol import (ARENA_TAG, MAX_BATCH_CALLS, MAX_CALL_MS, MAX_FRAME_BYTES, ArenaHandle,
+                                     ArenaLayout, Batch, BatchDone, Build, Call, CallTimes, Channel, ChannelClosed,
+                                     ChannelTimeout, Failed, Open, Opened, ProtocolError, ReadTimes, Ready,
+                                     fd_socket_pair, frame, parse_reply, parse_request, receive_fd, reply_limit,
+                                     send_fd)
 
 
 @pytest.fixture
@@ -71,7 +73,7 @@ def test_a_request_the_worker_never_reads_times_out_instead_of_blocking_the_judg
     judge, worker = pipe_pair
     fcntl.fcntl(worker.read_fd, 1031, 4096)  # F_SETPIPE_SZ, as a worker can
     os.set_blocking(judge.write_fd, False)
-    large = Batch(calls=[Call(set=0, slot=k, seed=k) for k in range(4000)])
+    large = Batch(calls=[Call(set=0, slot=k, seed=(1 << 60) + k) for k in range(MAX_BATCH_CALLS)])
     started = time.monotonic()
     with pytest.raises(ChannelTimeout):
         judge.send(large, timeout=0.3)
@@ -136,6 +138,26 @@ def test_an_oversized_frame_is_refused_before_it_is_read(pipe_pair):
     os.write(_worker_write_fd(pipe_pair), struct.pack("<I", MAX_FRAME_BYTES + 1))
     with pytest.raises(ProtocolError, match="at most"):
         judge.receive_json(timeout=5)
+
+
+def test_the_largest_honest_replies_fit_their_limits_and_a_padded_one_is_refused_unread(pipe_pair):
+    """Every lane's judge parses its replies under one interpreter lock: a worker's BatchDone padded to 1 MiB
+    of escaped duplicate keys (valid JSON) took 30-40 ms to parse, while another lane's judge waited to stop
+    its clock. A reply may take what an honest one can hold, no more."""
+    judge, worker = pipe_pair
+    largest = CallTimes(event_ms=[1.2345678901234567e-05] * MAX_BATCH_CALLS, issue_ms=MAX_CALL_MS,
+                        links=[-(1 << 63)] * MAX_BATCH_CALLS, flushed=[-(1 << 63)] * MAX_BATCH_CALLS)
+    failed = Failed(status="RUNTIME_ERROR", message="\U0001f600" * 2000)  # four bytes a character
+    for request, reply in ((ReadTimes(), largest), (Batch(calls=[]), failed), (Build(), Ready())):
+        sending = threading.Thread(target=worker.send, args=(reply,))  # more than a pipe holds
+        sending.start()
+        assert parse_reply(judge.receive_json(timeout=5, max_bytes=reply_limit(request))) == reply
+        sending.join()
+    os.write(_worker_write_fd(pipe_pair), struct.pack("<I", MAX_FRAME_BYTES) + b'{"kind": "batch_done", ')  # padded
+    with pytest.raises(ProtocolError, match="are accepted for this reply"):
+        judge.receive_json(timeout=5, max_bytes=reply_limit(Batch(calls=[])))
+    with pytest.raises(ValidationError):
+        Batch(calls=[Call(set=0, slot=0)] * (MAX_BATCH_CALLS + 1))
 
 
 def test_a_silent_worker_times_out(pipe_pair):

@@ -232,7 +232,7 @@ def test_what_the_judge_reads_at_a_reply_is_read_before_the_reply_is_parsed(tmp_
         def send(self, request_frame, timeout):
             order.append("sent")
 
-        def receive_json(self, timeout, on_arrival):
+        def receive_json(self, timeout, on_arrival, max_bytes=None):
             on_arrival()
             order.append("received")
             return b'{"kind": "ready"}'

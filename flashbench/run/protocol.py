@@ -28,6 +28,7 @@ from ..model import Definition, Solution, Workload
 
 VERSION = 1
 MAX_FRAME_BYTES = 1 << 20  # a reply is a status and a list of times; anything larger is not a reply
+MAX_BATCH_CALLS = 1000  # the most calls a batch may have, so the most times a CallTimes carries
 _LENGTH = struct.Struct("<I")
 
 # What a worker may say went wrong. PASSED is not among them: only the judge reaches it.
@@ -123,7 +124,7 @@ class Call(Message):
 
 class Batch(Message):
     kind: Literal["batch"] = "batch"
-    calls: list[Call]
+    calls: list[Call] = Field(max_length=MAX_BATCH_CALLS)
     fresh_seed: int = 0  # the batch's fresh input data (run/recipe.py)
     graph: bool = False  # replay a captured CUDA graph of (flush, call) per input set
 
@@ -256,15 +257,18 @@ class Channel:
         """Something to read (a frame, or the end of the pipe) right now."""
         return bool(select.select([self.read_fd], [], [], 0)[0])
 
-    def receive_json(self, timeout: float | None = None, on_arrival: Callable[[], None] = lambda: None) -> bytes:
+    def receive_json(self, timeout: float | None = None, on_arrival: Callable[[], None] = lambda: None,
+                     max_bytes: int = MAX_FRAME_BYTES) -> bytes:
         """The next frame's payload. `on_arrival` runs once its first byte can be read (or the pipe's end),
-        before any of it is: a sender that writes its frame slowly cannot stretch what comes after."""
+        before any of it is: a sender that writes its frame slowly cannot stretch what comes after.
+        `max_bytes`: the most the expected message can take (reply_limit), refused unread beyond it."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._wait(deadline)
         on_arrival()
         (length,) = _LENGTH.unpack(self._read(_LENGTH.size, deadline))
-        if length > MAX_FRAME_BYTES:
-            raise ProtocolError(f"a frame of {length} bytes; at most {MAX_FRAME_BYTES} are accepted")
+        limit = min(max_bytes, MAX_FRAME_BYTES)
+        if length > limit:
+            raise ProtocolError(f"a frame of {length} bytes; at most {limit} are accepted for this reply")
         return self._read(length, deadline)
 
     def _wait(self, deadline: float | None) -> None:
@@ -335,6 +339,22 @@ def receive_fd(sock: socket.socket) -> int:
     for fd in fds:
         os.close(fd)
     raise ProtocolError(f"the arena's message holds {len(fds)} descriptor(s) and {len(data)} byte(s)")
+
+
+# What any reply but CallTimes may take: a Failed's message of 2000 characters, each escaped (\\uXXXX), and its keys.
+SMALL_REPLY_BYTES = 16 << 10
+# Per call of a batch, what CallTimes may take: a float and two 64-bit integers written out, with their separators.
+CALL_TIMES_BYTES_PER_CALL = 96
+
+
+def reply_limit(request) -> int:
+    """The largest frame an honest worker answers `request` with. The runner parses each reply holding the
+    interpreter lock that every lane's judge shares: a reply padded to MAX_FRAME_BYTES (escaped duplicate keys
+    are valid JSON) took 30-40 ms to parse on the 2-core machine, during which another lane's judge could not
+    stop its clock. Bounded by what the reply can hold, the parse is as cheap as an honest one."""
+    if isinstance(request, ReadTimes):
+        return SMALL_REPLY_BYTES + CALL_TIMES_BYTES_PER_CALL * MAX_BATCH_CALLS
+    return SMALL_REPLY_BYTES
 
 
 def parse_reply(payload: bytes) -> Ready | Opened | Failed | BatchDone | CallTimes:

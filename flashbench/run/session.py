@@ -28,7 +28,7 @@ from .judge.clock import (Baseline, CleanSteps, disagreement, harness_per_call_m
                           summarize)
 from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
-from .protocol import Batch, BatchDone, Call, CallTimes, Close, Failed, Open, Opened, ReadTimes
+from .protocol import MAX_BATCH_CALLS, Batch, BatchDone, Call, CallTimes, Close, Failed, Open, Opened, ReadTimes
 from .recipe import L2Flush, link_values, linked_calls, output_link
 from .supervisor import WorkerGone, WorkerProcess
 
@@ -61,7 +61,7 @@ class SessionSettings:
     target_batch_ms: float  # a batch at least this long, so the handshake around it is negligible
     min_batches: int
     slot_budget_bytes: int
-    max_batch: int = 1000
+    max_batch: int = MAX_BATCH_CALLS
     timed_budget_ms: float = math.inf  # past min_batches, no more timed batches than fit in this much time
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import sandbox
 from .protocol import (MAX_FRAME_BYTES, BatchDone, Channel, ChannelClosed, ChannelTimeout, Failed, ProtocolError, Ready,
-                       Setup, Stop, fd_socket_pair, frame, parse_reply, send_fd)
+                       Setup, Stop, fd_socket_pair, frame, parse_reply, reply_limit, send_fd)
 
 LOG_TAIL_BYTES = 4000
 SPEC_FILE = "sandbox.json"  # in the exchange directory: the sandbox the worker starts in (SandboxSpec.write)
@@ -146,7 +146,7 @@ class WorkerProcess:
                 arrived.append(time.perf_counter())
                 on_receipt()
 
-            payload = self.channel.receive_json(timeout, on_arrival)
+            payload = self.channel.receive_json(timeout, on_arrival, reply_limit(request))
             return parse_reply(payload), (arrived[0] - start) * 1e3
         except ChannelTimeout:
             raise self.end("TIMEOUT", f"no answer within {timeout:g} s") from None

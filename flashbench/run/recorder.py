@@ -78,7 +78,7 @@ class TraceRecorder:
         for path, stamp in _stamps(self.trace_dir).items():
             if path == self.trace_file or self._stamps.get(path) == stamp:
                 continue
-            if path in self._digests and _digest(path) == self._digests[path]:
+            if self._digests.get(path) is not None and _digest(path) == self._digests[path]:
                 # Only its metadata changed (a worker at level process may touch, chmod or set xattrs on the runner's
                 # files: Landlock has no rights for them): its content is what it was, and it stays where it is.
                 continue

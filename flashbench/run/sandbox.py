@@ -208,7 +208,7 @@ class SandboxSpec:
     task_limit: int | None = None  # RLIMIT_NPROC when set, where it counts the sandbox's tasks alone
     # The host CPUs the worker and all it starts may run on (its lane's share), None: any. A worker of one lane
     # that spun the CPUs from many sessions (each an autogroup of its own) starved another lane's worker and judge
-    # while they timed another solution (a red team: 10x on the victim's ranked figure, both PASSED).
+    # while they timed another solution (a red team: 5x on the victim's ranked figure, both PASSED).
     cpus: tuple[int, ...] | None = None
     tmpfs_bytes: int = dataclasses.field(default_factory=default_tmpfs_bytes)  # private /tmp and /dev/shm (namespaces)
 
@@ -950,10 +950,10 @@ def put_first_for_the_oom_killer(pid: int) -> None:
     GPU worker's host memory has no limit, and a CPU worker's address-space limit leaves out memfds it
     never maps, so without this the largest process, often the runner holding every job's references,
     was the one killed, and the whole run with it. The highest score goes on `pid`, then on every
-    process below it (those started later inherit it). Written by root, it is also the least the
-    sandbox may set again (the kernel keeps it as the floor for a writer without CAP_SYS_RESOURCE);
-    a runner of another uid only raises it. Called before the worker reads its setup, so before any
-    solution code runs."""
+    process below it (those started later inherit it). Written by a runner holding CAP_SYS_RESOURCE, it
+    is also the least the sandbox may set again (the kernel keeps it as the floor for a writer without
+    that capability); any other runner only raises it. Called before the worker reads its setup, so
+    before any solution code runs."""
     _raise_oom_score(pid)  # first: a child it starts from here on inherits the score, one before is found below
     for child in sorted(_descendants(pid, {p: parent for p, (_, parent) in _live_processes().items()})):
         _raise_oom_score(child)

@@ -307,7 +307,6 @@ def test_a_worker_is_the_oom_killers_first_choice(start, isolation):
     assert isinstance(worker.ask(Probe(), 120), Ready)
     started = [worker.process.pid, sandbox.worker_pid(worker.process.pid, isolation)]
     assert [oom_score(pid) for pid in started] == [sandbox.OOM_SCORE_ADJ_MAX] * 2
-    assert oom_score(os.getpid()) < sandbox.OOM_SCORE_ADJ_MAX
 
     assert isinstance(worker.ask(Build(), 120), Ready)  # imports the solution, which tries to lower its score
     if holds_capability(CAP_SYS_RESOURCE):  # what makes the score the floor (not held in some containers' root)

@@ -54,6 +54,8 @@ def _discover(target: Path):
             yield target, "definition"
         return
     for child in sorted(target.iterdir()):
+        if child.is_symlink() and child.is_dir():  # a link to a folder above it made the walk endless
+            continue
         if child.is_dir() or child.name == "solution.yaml" or is_definition_file(child) or child.name.endswith(WORKLOADS_SUFFIX):
             yield from _discover(child)
 

@@ -38,6 +38,14 @@ def test_roofline_chart(calibrated):
     picture(roofline_chart(board(calibrated)))
 
 
+@pytest.mark.parametrize("chart", [latency_chart, roofline_chart])
+def test_names_from_traces_are_drawn_as_text_not_tex(chart):
+    """A solution named "$\\frac{$" ended every chart (and so every HTML board) with matplotlib's TeX parser."""
+    traces = [make_trace(name, workload, latency, nbytes=1e9, flops=1e9)
+              for workload in ("w1-aaaaaa", "w2-aaaaaa") for name, latency in (("reference", 8.0), ("$\\frac{$", 2.0))]
+    picture(chart(build_boards(traces_frame(traces), calibrations={"gpu_x": CALIBRATION})[0]))
+
+
 def test_charts_without_any_valid_result():
     only_failures = build_boards(traces_frame([make_trace("broken", "w1-aaaaaa", status="TIMEOUT")]))[0]
     picture(latency_chart(only_failures))

@@ -377,6 +377,23 @@ def test_text_from_traces_stays_text_in_markdown():
     assert "&lt;img src=x onerror=alert(1)&gt;\\|x ## Injected" in text
     table = [line for line in text.splitlines() if line.startswith("|")]
     assert len({line.count("|") - line.count("\\|") for line in table}) == 1  # every row has the header's cells
+    by_workload = markdown([board_of(traces + [make_trace("[click](javascript:x)", "W1-1", 3.0, hardware="gpu x")])],
+                           by_workload=True)  # a column per solution, named as its traces say
+    header = next(line for line in by_workload.splitlines() if line.startswith("| workload"))
+    assert "<img" not in header and "&lt;img" in header and "\\[click\\](javascript:x)" in header
+
+
+def test_text_from_traces_is_never_rich_markup_nor_an_escape_in_the_terminal():
+    """Printed as rich markup, a solution named "[/x]" ended the command and "[link=...]" hid a link."""
+    from rich.console import Console
+
+    from flashbench.cli.leaderboard import rich_table
+    frame = pd.DataFrame({"solution [bold]": ["[/x]", "[link=https://evil.example/]ref[/link]", "\x1b]0;title\x07"]})
+    console = Console(record=True, width=200, color_system=None)
+    console.print(rich_table(frame))
+    shown = console.export_text()
+    assert "[/x]" in shown and "[link=https://evil.example/]ref[/link]" in shown and "solution [bold]" in shown
+    assert "\x1b" not in shown and "?]0;title?" in shown
 
 
 def test_a_record_with_a_date_or_timing_fields_of_the_wrong_kind_does_not_end_the_board():

@@ -209,6 +209,18 @@ def test_an_entry_function_is_found_wherever_the_import_defines_it_and_takes_the
     assert results[path].ok == ok, results[path].error
 
 
+def test_validate_walks_no_link_to_a_folder(root, tmp_path):
+    """Two links to the folder they sit in made the walk grow as 2^depth: validate ran for ever."""
+    folder = tmp_path / "links"
+    folder.mkdir()
+    (folder / "a").symlink_to(".")
+    (folder / "b").symlink_to(".")
+    add_solution(root, DECODE, DECODE)
+    (folder / "mine").symlink_to(root / "solutions" / DECODE / "mine")
+
+    assert [checked.path for checked in validate(Repo(root), [folder])] == []
+
+
 @pytest.mark.parametrize("source", [b"x = " + b"-" * 100_000 + b"1\n", b"x = " + b"1+" * 200_000 + b"1\n",
                                     b"def run():\n    return '\xff'\n", b"x = 1\0\n"])
 def test_an_entry_source_the_parser_cannot_hold_fails_validation_with_one_line(root, source):

@@ -5,8 +5,10 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import FlashbenchError
+from ..model.trace import printable_line
 from ..traces import TIMING_METHODS
 from . import console, main, repo_from
 
@@ -30,9 +32,14 @@ def trace_options(func):
 
 
 def rich_table(frame, title: str | None = None) -> Table:
-    table = Table(*map(str, frame.columns), title=title, title_justify="left")
+    """`frame` as a terminal table whose every header and cell is text: names and messages come from trace
+    files, and as rich markup "[/x]" ended the command and "[link=...]" hid a link; escape sequences are
+    shown as '?' (printable_line)."""
+    table = Table(title=title, title_justify="left")
+    for column in frame.columns:
+        table.add_column(Text(printable_line(str(column))))
     for row in frame.itertuples(index=False):
-        table.add_row(*("" if value is None else str(value) for value in row))
+        table.add_row(*(Text("" if value is None else printable_line(str(value))) for value in row))
     return table
 
 

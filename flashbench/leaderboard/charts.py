@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
-from matplotlib import colormaps
+from matplotlib import colormaps, rc_context
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
@@ -43,7 +43,12 @@ def board_colours(boards: Iterable[Board]) -> dict[str, str]:
     """The colours of every solution of these boards: one mapping for all the charts of a page."""
     return solution_colours(name for board in boards for name in board.ranking["solution"])
 
+# Names, workloads and devices come from trace files: text, never TeX (a solution named "$\\frac{$" ended
+# every chart with matplotlib's parse error).
+PLAIN_TEXT = {"text.parse_math": False}
 
+
+@rc_context(PLAIN_TEXT)
 def latency_chart(board: Board, colours: dict[str, str] | None = None) -> bytes:
     """Grouped bars: one group per workload, one bar per solution (valid results only), log scale."""
     view = board.by_workload
@@ -67,6 +72,7 @@ def latency_chart(board: Board, colours: dict[str, str] | None = None) -> bytes:
     return _png(figure)
 
 
+@rc_context(PLAIN_TEXT)
 def roofline_chart(board: Board, colours: dict[str, str] | None = None) -> bytes:
     """Achieved FLOP/s against arithmetic intensity (FLOPs / bytes), under the calibrated roofs. Host-clock
     timings of a CPU run are left out: no rate means anything there."""

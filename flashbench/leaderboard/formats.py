@@ -87,15 +87,19 @@ def markdown(boards: list[Board], by_workload: bool = False) -> str:
 
 
 def markdown_table(table: pd.DataFrame) -> str:
-    """`table` as Markdown, every text cell as text (markdown_text)."""
-    return table.map(lambda cell: markdown_text(cell) if isinstance(cell, str) else cell).to_markdown(index=False)
+    """`table` as Markdown, every text cell and column name as text (markdown_text): a board by workload has
+    a column per solution, named as its traces say."""
+    shown = table.map(lambda cell: markdown_text(cell) if isinstance(cell, str) else cell)
+    return shown.rename(columns=lambda name: markdown_text(str(name))).to_markdown(index=False)
 
 
 def markdown_text(text: str) -> str:
     """Text from a trace (a solution's name, a device's, a message) shown as text in Markdown: one line of
     printable characters, no HTML and no cell break. A trace file, or an imported dataset's, may hold any
-    string there: `<img onerror=...>`, a newline and a heading, a terminal's escape sequences got through."""
-    return printable_line(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+    string there: `<img onerror=...>`, a newline and a heading, a terminal's escape sequences, a link's
+    `[text](javascript:...)` got through."""
+    escaped = printable_line(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return escaped.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
 
 
 def csv(boards: list[Board], by_workload: bool = False) -> str:

@@ -1,4 +1,10 @@
+import json
+
+import pytest
+from trace_factory import CALIBRATION
+
 from flashbench.calibrate import calibrate, load_calibration, save_calibration
+from flashbench.errors import FlashbenchError
 
 
 def test_calibration_measures_and_round_trips(tmp_path):
@@ -16,3 +22,15 @@ def test_floor_is_the_larger_bound(tmp_path):
     assert calibration.floor_ms(1e6, 1e6) == 1.0  # memory-bound: 1 MB at 1 GB/s
     assert calibration.floor_ms(1e3, 1e10) == 10.0  # compute-bound: 1e10 FLOPs at 1 TFLOP/s
     assert calibration.floor_ms(None, None) is None
+
+
+@pytest.mark.parametrize("field, value", [("memory_bytes_per_s", 0), ("memory_bytes_per_s", 1),
+                                          ("matmul_flops_per_s", float("inf")), ("memory_bytes_per_s", float("nan"))])
+def test_a_calibration_no_device_could_measure_is_refused_naming_its_field(tmp_path, field, value):
+    """1 byte/s flagged every honest result as faster than the floor; infinity made every floor zero."""
+    folder = tmp_path / "gpu_x"
+    folder.mkdir()
+    data = {**CALIBRATION.model_dump(), field: value}
+    (folder / "calibration.json").write_text(json.dumps(data))
+    with pytest.raises(FlashbenchError, match=field):
+        load_calibration(tmp_path, "GPU X")

@@ -406,6 +406,27 @@ def test_a_record_with_a_date_or_timing_fields_of_the_wrong_kind_does_not_end_th
     assert row(board_of([odd, make_trace("plain", "W1-1", 2.0, hardware="gpu x")]), "odd")["passed"] == 1
 
 
+@pytest.mark.parametrize("forged_time", ["9999-12-31T00:00:00+00:00", "not a date"])
+def test_a_record_of_no_past_time_is_replaced_by_the_next_honest_run(forged_time):
+    """A forged record 100x faster dated 9999 (or no date at all) counted as the newest run for ever: honest runs
+    recorded after it never replaced it on the board."""
+    forged = make_trace("mine", "W1-1", 0.01, hardware="gpu x", timestamp=forged_time)
+    honest = make_trace("mine", "W1-1", 1.0, hardware="gpu x", timestamp="2026-06-01T00:00:00+00:00")
+    for recorded in ([forged, honest], [honest, forged]):
+        results = board_of(recorded).results
+        assert results.loc[results["solution"] == "mine", "latency_ms"].tolist() == [1.0]
+
+
+def test_timing_fields_of_any_kind_or_size_do_not_end_the_board():
+    """A list or a mapping as the timing method, the flush or the device, or a flush of 10**400 bytes, ended every
+    board with a traceback (unhashable type; OverflowError)."""
+    odd = [make_trace("odd", "W1-1", 1.0, hardware="gpu x", device=["cuda"],
+                      timing={**EVENTS, "method": {"x": 1}, "l2_flush": ["write"], "l2_flush_bytes": 10**400}),
+           make_trace("plain", "W1-1", 2.0, hardware="gpu x")]
+    board = board_of(odd)
+    assert row(board, "odd")["passed"] == 1 and markdown([board])
+
+
 @pytest.mark.parametrize("latency_ms", [-0.013, -math.inf, math.inf])
 def test_a_time_no_clock_gives_is_unknown_and_never_the_fastest(latency_ms):
     traces = [make_trace("impossible", "W1-1", latency_ms, hardware="gpu x"),

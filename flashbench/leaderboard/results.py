@@ -24,6 +24,7 @@ HOST_CLOCK = "host clock"  # the runner's timing method on a CPU: no rate (GB/s,
 # H200 (docs/measurement.md, v8 and v9) our kernels and FlashInfer read 0.38-0.90 on kernel workloads, the
 # pairs whose ranked figure moved most between two runs 0.99.
 HOST_BOUND_SHARE = 0.95
+FUTURE_SLACK = pd.Timedelta(days=1)  # clocks disagree; a record dated later than this is no record of the past
 
 
 def traces_frame(traces: Iterable[Trace]) -> pd.DataFrame:
@@ -43,13 +44,17 @@ def traces_frame(traces: Iterable[Trace]) -> pd.DataFrame:
             "spread_pct": spread_pct(perf) if perf else np.nan,
             "bytes": perf.bytes if perf and perf.bytes is not None else np.nan,
             "flops": perf.flops if perf and perf.flops is not None else np.nan,
-            "timing_method": timing.get("method"), "l2_state": l2_state(timing), "device": t.environment.get("device"),
+            "timing_method": _text(timing.get("method")), "l2_state": l2_state(timing),
+            "device": _text(t.environment.get("device")),
             "isolation": t.isolation, "host_bound": _number(timing.get("worker_issue_share")) >= HOST_BOUND_SHARE,
         })
     frame = pd.DataFrame(rows, columns=COLUMNS)
     # A record's time that is no date (a trace file, or an imported dataset's, may say anything) is unknown: it
     # ended every board of every hardware with a traceback.
+    # A time after the present is unknown too: unknown times count as the oldest (latest_results), so a forged
+    # record dated 9999 or "not a date" is replaced by the next honest run, not kept as the newest for ever.
     frame["time"] = pd.to_datetime(frame["timestamp"], utc=True, format="ISO8601", errors="coerce")
+    frame.loc[frame["time"] > pd.Timestamp.now(tz="UTC") + FUTURE_SLACK, "time"] = pd.NaT
     frame["order"] = range(len(frame))  # breaks ties between runs recorded in the same second
     frame["stale"] = False
     frame["in_repository"] = False
@@ -67,7 +72,7 @@ def spread_pct(perf: Performance) -> float:
 def l2_state(timing: dict) -> str | None:
     """What the L2 cache held before each timed call: the runner's own words, else read from the flush size."""
     if timing.get("l2_flush"):
-        return timing["l2_flush"]
+        return _text(timing["l2_flush"])
     if "l2_flush_bytes" not in timing:
         return None
     flushed = _number(timing["l2_flush_bytes"])
@@ -88,8 +93,13 @@ def _number(value) -> float:
         return 0.0
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # 10**400 is an int no float holds
         return np.nan
+
+
+def _text(value) -> str | None:
+    """A free-form field shown as words (a method, a device): a list or a mapping there ended every board."""
+    return value if isinstance(value, str) else None
 
 
 def read_results(trace_dir: Path, definition: str, hardware: str | None = None, timing: str = "events",
@@ -134,7 +144,7 @@ def mark_stale(frame: pd.DataFrame, current_hashes: Mapping[str, str] | None) ->
 
 def latest_results(frame: pd.DataFrame) -> pd.DataFrame:
     """The newest run of each (solution content hash, workload, hardware), with `runs`: how many were recorded."""
-    ordered = frame.sort_values(["time", "order"], kind="stable")
+    ordered = frame.sort_values(["time", "order"], kind="stable", na_position="first")
     runs = ordered.groupby(RESULT_KEY).size().rename("runs").reset_index()
     latest = ordered.groupby(RESULT_KEY, as_index=False).tail(1)
     return latest.merge(runs, on=RESULT_KEY, how="left").sort_values("order", kind="stable").reset_index(drop=True)
@@ -143,7 +153,8 @@ def latest_results(frame: pd.DataFrame) -> pd.DataFrame:
 def current_results(frame: pd.DataFrame) -> pd.DataFrame:
     """Latest results of the newest content hash of each solution per hardware; older hashes drop out."""
     latest = latest_results(frame)
-    newest = latest.sort_values(["time", "order"], kind="stable").groupby(["hardware", "solution"]).tail(1)
+    newest = latest.sort_values(["time", "order"], kind="stable", na_position="first").groupby(
+        ["hardware", "solution"]).tail(1)
     return latest.merge(newest[["hardware", "solution", "solution_hash"]], on=["hardware", "solution", "solution_hash"])
 
 

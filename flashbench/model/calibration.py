@@ -1,12 +1,17 @@
 """A GPU's measured peaks, from `flashbench calibrate`: the roofs for speed-of-light figures."""
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+# A peak no device reaches: a calibration of 0 or 1 byte/s put every honest result under the floor (flagged),
+# one of infinity made every floor zero (nothing ever flagged). Measured peaks lie far inside these bounds.
+MAX_PEAK = 1e18
 
 
 class Calibration(BaseModel):
     hardware: str
-    memory_bytes_per_s: float  # a large device-to-device copy, bytes read plus bytes written
-    matmul_flops_per_s: float  # a large bf16 matrix product on random data
+    # a large device-to-device copy, bytes read plus bytes written
+    memory_bytes_per_s: float = Field(ge=1e6, le=MAX_PEAK, allow_inf_nan=False)
+    matmul_flops_per_s: float = Field(ge=1e6, le=MAX_PEAK, allow_inf_nan=False)  # a large bf16 product, random data
     method: dict
     environment: dict
     timestamp: str

@@ -316,6 +316,20 @@ def test_import_twice_adds_nothing(imported, dataset):
     assert files_of(repo) == before
 
 
+def test_import_again_over_a_trace_file_holding_lines_that_are_no_traces(dataset, tmp_path):
+    """A line that is JSON but no trace object (a list, a name that is a list) in an earlier import's trace file
+    ended the next import with a traceback: such lines are skipped, as every board skips them."""
+    repo = empty_repo(tmp_path / "repo")
+    import_fib(dataset, repo, "fib")
+    [trace_file, *_] = sorted(imported_trace_dir(repo, "fib").rglob("*.jsonl"))
+    with trace_file.open("a") as handle:
+        handle.write('[1, 2]\n{"solution": ["a"], "workload": "w"}\n')
+
+    summary = import_fib(dataset, repo, "fib")
+
+    assert summary.count("trace") == 0 and not summary.failed
+
+
 def test_a_broken_record_fails_its_definition_only_and_names_file_line_and_field(tmp_path):
     dataset = make_dataset(tmp_path / "fib")
     path = dataset / "workloads/mla_paged" / f"{DEF}.jsonl"

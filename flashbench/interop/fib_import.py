@@ -34,7 +34,7 @@ from ..model.definition import INTEGER_DTYPES
 from ..model.solution import SHARED_FOLDER
 from ..reference import load_reference
 from ..registry import WORKLOADS_SUFFIX, Repo, case_twin, load_solution_folder
-from ..traces import hardware_slug, trace_file_name
+from ..traces import hardware_slug, read_traces, trace_file_name
 from ..workloads import check_workload
 from . import fib_model as fib
 from .fib_solution import (FolderPlan, check_folder, holds_exactly, plan_folder, safe_name, same_files, write_files,
@@ -472,9 +472,9 @@ class TraceWriter:
         keys = set()
         if existing.is_file():
             staged.write_bytes(existing.read_bytes())
-            for number, line in fib.read_jsonl_lines(existing):
-                record = json.loads(line)
-                keys.add((record.get("solution"), record.get("workload"), record.get("timestamp")))
+            # Every record the file holds; a line that is no trace (a list, a field of the wrong type: the file
+            # is on disk for anyone to edit) is skipped with a warning, as every board skips it.
+            keys.update((trace.solution, trace.workload, trace.timestamp) for trace in read_traces(existing))
         else:
             staged.touch()
         return keys

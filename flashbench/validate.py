@@ -42,10 +42,10 @@ def validate(repo: Repo, paths: list[Path] | None = None) -> list[Checked]:
 def _discover(target: Path):
     if not target.exists():
         raise FlashbenchError("no such file or folder", target)
-    if target.is_dir() and (target / "solution.yaml").is_file():
+    if target.is_dir() and (target / "solution.yaml").exists():  # a manifest that is no file is refused when read
         yield target, "solution"
         return
-    if target.is_file():
+    if not target.is_dir():
         if target.name == "solution.yaml":
             yield target.parent, "solution"
         elif target.name.endswith(WORKLOADS_SUFFIX):

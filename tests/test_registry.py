@@ -209,6 +209,17 @@ def test_an_entry_function_is_found_wherever_the_import_defines_it_and_takes_the
     assert results[path].ok == ok, results[path].error
 
 
+def test_a_manifest_that_is_a_pipe_is_an_invalid_solution_not_a_crash(root, tmp_path):
+    """validate took a folder whose solution.yaml is a named pipe for a folder to walk (NotADirectoryError)."""
+    folder = tmp_path / "piped"
+    folder.mkdir()
+    os.mkfifo(folder / "solution.yaml")
+
+    [checked] = validate(Repo(root), [folder])
+
+    assert checked.kind == "solution" and not checked.ok and "not a regular file" in checked.error
+
+
 def test_validate_walks_no_link_to_a_folder(root, tmp_path):
     """Two links to the folder they sit in made the walk grow as 2^depth: validate ran for ever."""
     folder = tmp_path / "links"

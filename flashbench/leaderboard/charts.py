@@ -43,6 +43,7 @@ def board_colours(boards: Iterable[Board]) -> dict[str, str]:
     """The colours of every solution of these boards: one mapping for all the charts of a page."""
     return solution_colours(name for board in boards for name in board.ranking["solution"])
 
+
 # Names, workloads and devices come from trace files: text, never TeX (a solution named "$\\frac{$" ended
 # every chart with matplotlib's parse error).
 PLAIN_TEXT = {"text.parse_math": False}

@@ -89,8 +89,8 @@ class TraceRecorder:
                   f"moved to {aside.name}", file=sys.stderr)
         self.untrusted += found
         self._stamps = _stamps(self.trace_dir)
-        for path in self._stamps:
-            self._digests.setdefault(path, None if path in found else _digest(path))
+        for path in self._stamps.keys() - self._digests.keys():  # new files only: the others' bytes are known
+            self._digests[path] = _digest(path)
         return found
 
 

@@ -1,10 +1,12 @@
 """Random workloads for a correctness sweep of every solution (GPU or CPU), tagged `fuzz`.
 
-Appends PER random workloads to the workload sets of the six main definitions (MLA paged decode and
-prefill, the FlashMLA-form decode at 16 and 128 heads, MHA varlen prefill at d_qk 128 and 192) of the
-repository in the current directory: request counts from 1 to 257, lengths at and around tile edges
-(0, 1, 15-17, 31-33, 63-65, 127-129, ...) mixed with random and a few long ones, 1 to 4 query tokens
-on the FlashMLA form, prefixes or none, and scales from 0.0417 to 1. The same SEED gives the same
+Appends PER random workloads to the workload sets of every definition but the FP8 cache's own
+(MLA paged decode and prefill, the FlashMLA-form decode at 16 and 128 heads, MHA varlen prefill at
+d_qk 128 and 192, sparse FP8 decode and sparse prefill, with and without sinks) of the repository in
+the current directory: request counts from 1 to 257, lengths at and around tile edges (0, 1, 15-17,
+31-33, 63-65, 127-129, ...) mixed with random and a few long ones, 1 to 4 query tokens on the
+FlashMLA form (1 or 2 on sparse decode), prefixes or none, invalid index entries trailing or
+scattered, queries with none valid, and scales from 0.0417 to 1. The same SEED gives the same
 workloads (uuids included). Run it in a scratch copy, never in a checkout you commit from, then:
 
     python benchmarks/fuzz_workloads.py SEED PER
@@ -16,6 +18,7 @@ docs/peers.md ("Correctness on random workloads") has what a sweep found.
 import random
 import sys
 import uuid
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -79,6 +82,40 @@ class Draw:
             spec["prefix_lens"] = {"distribution": "list", "values": self.lengths(count, 6000)}
         return workload
 
+    def sparse_inputs(self, scale: str, sink: bool) -> dict:
+        inputs = {scale: self.scale()}
+        if sink:
+            inputs["attn_sink"] = {"type": "random", "distribution": "normal", "mean": 0.0, "std": 2.0}
+        return inputs
+
+    def invalid_entries(self, spec: dict, queries: int) -> dict:
+        """Scattered invalid entries half the time; now and then a query with none valid."""
+        spec["scatter"] = self.rng.random() < 0.5
+        if self.rng.random() < 0.3:
+            spec["empty_queries"] = self.rng.randint(1, queries)
+        return spec
+
+    def sparse_decode(self, sink: bool) -> dict:
+        count, queries = self.batch(), self.rng.choice([1, 2])
+        lengths = [max(n, queries) for n in self.lengths(count, 33000, zeros=False)]
+        blocks = sum(-(-n // 64) for n in lengths)
+        spec = {"generator": "sparse_decode_indices", "kv_lens": {"distribution": "list", "values": lengths},
+                "seq_len_q": queries, "topk": 2048, "block_size": 64, "block_pool": blocks + self.rng.randint(0, 100),
+                "fp8_cache": {"boundary_tiles": self.rng.choice([0.0, 0.05]),
+                              "zero_tokens": self.rng.choice([0.0, 0.05])}}
+        return {"inputs": self.sparse_inputs("softmax_scale", sink),
+                "generate": [self.invalid_entries(spec, count * queries)]}
+
+    def sparse_prefill(self, sink: bool) -> dict:
+        count = self.rng.choice([1, 2, 3, 7, 13])
+        q_lens = self.lengths(count, 3000, zeros=False)
+        spec = {"generator": "sparse_prefill_indices", "q_lens": {"distribution": "list", "values": q_lens},
+                "prefix_lens": {"distribution": "list", "values": self.lengths(count, 12000)}, "topk": 2048,
+                "invalid": self.rng.choice(["minus_one", "mixed"])}
+        if sink:
+            spec["topk_length"] = True
+        return {"inputs": self.sparse_inputs("sm_scale", sink), "generate": [self.invalid_entries(spec, sum(q_lens))]}
+
 
 def append(path: Path, make, per: int, draw: Draw) -> None:
     document = yaml.safe_load(path.read_text())
@@ -100,6 +137,14 @@ def main(seed: int, per: int) -> None:
     for dim in (128, 192):
         append(DEFINITIONS / f"mha_varlen/mha_varlen_prefill_causal_h128_dqk{dim}_dv128.workloads.yaml", draw.varlen,
                per, draw)
+    for heads in (64, 128):
+        for sink in (False, True):
+            decode = f"flashmla_sparse_decode_fp8{'_sink' * sink}_h{heads}_ckv512_kpe64_ps64_topk2048"
+            append(DEFINITIONS / f"flashmla_sparse/{decode}.workloads.yaml", partial(draw.sparse_decode, sink), per,
+                   draw)
+            prefill = f"flashmla_sparse_prefill{'_sink_topklen' * sink}_h{heads}_ckv512_kpe64_topk2048"
+            append(DEFINITIONS / f"flashmla_sparse/{prefill}.workloads.yaml", partial(draw.sparse_prefill, sink), per,
+                   draw)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import os
 import stat
 import sys
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Sequence
 
 from .errors import FlashbenchError
 from .model import Solution
@@ -189,11 +189,12 @@ def is_documentation(relative: str) -> bool:
     return path.suffix == ".md" or path.parts[0] == "docs"
 
 
-def folder_problem(folder: Path, solution: Solution) -> str | None:
-    """Why a folder cannot be run as it is: everything loaded from it must lie inside it (no link
-    leading out), so the content hash covers all the code that runs."""
+def folder_problem(folder: Path, solution: Solution, shared: Sequence[Path] = ()) -> str | None:
+    """Why a folder (with the shared folders it loads from, where it is not staged with them) cannot be run
+    as it is: everything loaded from it must lie inside it (no link leading out), so the content hash covers
+    all the code that runs."""
     try:
-        walked = list(walk_folder(folder))
+        walked = [found for where in (folder, *shared) for found in walk_folder(where)]
     except FolderError as exc:
         return exc.message
     problem = next((problem for _, _, problem in walked if problem), None)

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .build import FolderError, read_file
+from .build import FolderError, folder_problem, read_file
 from .errors import FlashbenchError
 from .model import Solution, Workload, WorkloadSet, read_document
 from .model.loading import parse_records
@@ -108,6 +108,9 @@ def _check_solution(repo: Repo, path: Path) -> None:
     folder = load_solution_folder(path)
     solution = folder.solution
     manifest = path / "solution.yaml"
+    problem = folder_problem(path, solution, folder.shared)  # what run refuses before a worker starts
+    if problem:
+        raise FlashbenchError(problem, path)
     try:
         definition = repo.definition(solution.definition)
     except FlashbenchError as exc:

@@ -620,3 +620,13 @@ def test_no_two_files_under_solutions_are_the_same():
             content = path.read_bytes()
             assert content not in seen, f"{path} repeats {seen[content]}"
             seen[content] = path
+
+
+def test_validate_refuses_a_folder_that_run_refuses(root, tmp_path_factory):
+    """validate passed a folder with a link leading out, which run then refused as INVALID_SOLUTION."""
+    path = add_solution(root, DECODE, DECODE)
+    outside = tmp_path_factory.mktemp("outside") / "secret.py"
+    outside.write_text("x = 1\n")
+    (path / "helper.py").symlink_to(outside)
+    [checked] = validate(Repo(root), [path])
+    assert not checked.ok and "helper.py is a link to" in checked.error

@@ -1,0 +1,48 @@
+"""benchmarks/fuzz_workloads.py: the random workloads it appends are valid for their definitions (inputs
+generated and bound, as `flashbench validate` does) and the same seed gives the same workloads."""
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import yaml
+
+from flashbench.registry import Repo
+from flashbench.validate import validate
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("fuzz_workloads", ROOT / "benchmarks" / "fuzz_workloads.py")
+fuzz = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fuzz)
+
+
+def fuzzed_copy(tmp_path: Path, monkeypatch, seed: int) -> Path:
+    """A copy of the repository's definitions (and the references they name) with one random workload
+    appended to each set."""
+    for folder in ("definitions", "references"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
+    monkeypatch.setattr(fuzz, "DEFINITIONS", tmp_path / "definitions")
+    fuzz.main(seed, 1)
+    return tmp_path
+
+
+def fuzz_workloads(root: Path) -> dict[str, list[dict]]:
+    return {path.name: [w for w in yaml.safe_load(path.read_text())["workloads"] if "fuzz" in w.get("tags", [])]
+            for path in sorted((root / "definitions").glob("*/*.workloads.yaml"))}
+
+
+def test_every_appended_workload_is_valid(tmp_path, monkeypatch):
+    root = fuzzed_copy(tmp_path, monkeypatch, seed=3)
+    appended = {name: found for name, found in fuzz_workloads(root).items() if found}
+    assert len(appended) == 14 and all(len(found) == 1 for found in appended.values())
+    files = [path for path in (root / "definitions").glob("*/*.workloads.yaml") if path.name in appended]
+    checked = validate(Repo(root), files)
+    assert [c.error for c in checked if not c.ok] == []
+    assert len(checked) == 14
+
+
+def test_the_same_seed_gives_the_same_workloads(tmp_path, monkeypatch):
+    first = fuzz_workloads(fuzzed_copy(tmp_path / "a", monkeypatch, seed=5))
+    second = fuzz_workloads(fuzzed_copy(tmp_path / "b", monkeypatch, seed=5))
+    other = fuzz_workloads(fuzzed_copy(tmp_path / "c", monkeypatch, seed=6))
+    assert first == second and first != other

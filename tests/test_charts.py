@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgb
 from matplotlib.image import imread
-from trace_factory import CALIBRATION, make_trace
+from trace_factory import CALIBRATION, make_trace, named
 
 from flashbench.leaderboard import (board_colours, build_boards, latency_chart, roofline_chart, save_charts,
                                     solution_colours, traces_frame)
@@ -41,8 +41,8 @@ def test_roofline_chart(calibrated):
 @pytest.mark.parametrize("chart", [latency_chart, roofline_chart])
 def test_names_from_traces_are_drawn_as_text_not_tex(chart):
     """A solution named "$\\frac{$" ended every chart (and so every HTML board) with matplotlib's TeX parser."""
-    traces = [make_trace(name, workload, latency, nbytes=1e9, flops=1e9)
-              for workload in ("w1-aaaaaa", "w2-aaaaaa") for name, latency in (("reference", 8.0), ("$\\frac{$", 2.0))]
+    traces = [make_trace("reference", workload, 8.0) for workload in ("w1-aaaaaa", "w2-aaaaaa")]
+    traces += [named("$\\frac{$", workload, 2.0) for workload in ("w1-aaaaaa", "w2-aaaaaa")]
     picture(chart(build_boards(traces_frame(traces), calibrations={"gpu_x": CALIBRATION})[0]))
 
 

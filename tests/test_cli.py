@@ -69,6 +69,36 @@ def test_show_prints_axes_constraints_and_cost():
     assert f"references/mla_paged/{DECODE}.py" in out
 
 
+def test_show_and_list_print_a_definitions_words_as_text(root):
+    """An imported definition may say anything in its words: escape sequences (a window title, an erased line)
+    reached the terminal, and an axis named "a[/x]" ended `show` with a traceback."""
+    def edit(data):
+        data["description"] = "MLA\x1b]0;title\x07\x1b[2K decode\nsecond line"
+        data["axes"]["batch_size"]["description"] = "[/x] \x1b[31mred"
+        data["axes"]["a[/x]"] = {"type": "const", "value": 1}
+        data["tags"] = ["\x1b]52;c;AAAA\x07"]
+    break_definition(root, edit)
+    shown = invoke(root, "show", DECODE)
+    assert shown.exit_code == 0, shown.output
+    assert "MLA?]0;title??[2K decode\nsecond line\n" in shown.output and "[/x] ?[31mred" in shown.output
+    assert "a[/x]" in shown.output and "\x1b" not in shown.output
+    listed = invoke(root, "list")
+    assert listed.exit_code == 0, listed.output
+    assert "?]52;c;AAAA?" in listed.output and "\x1b" not in listed.output
+
+
+def test_an_error_naming_a_hostile_folder_is_one_line_of_text(tmp_path):
+    """A FlashbenchError names the file: a folder's escape sequences reached the terminal through it."""
+    folder = tmp_path / "x\x1b]0;title\x1b\\"
+    shutil.copytree(REPO / "solutions" / DECODE / "torch_vectorized", folder)
+    with open(folder / "solution.yaml", "a") as manifest:
+        manifest.write("oops: 1\n")
+    for command in ("validate", "submit"):
+        result = invoke(REPO, command, str(folder))
+        assert result.exit_code == 2, result.output
+        assert "x?]0;title?\\/solution.yaml: oops: unknown key" in result.stderr and "\x1b" not in result.output
+
+
 def test_show_unknown_lists_close_names():
     result = invoke(REPO, "show", "mla_paged_decod")
     assert result.exit_code == 0  # a unique prefix

@@ -133,6 +133,19 @@ def test_submit_of_wrong_values_exits_1_and_copies_nothing(module_repo, tmp_path
     assert "INCORRECT_NUMERICAL" in trace_file.read_text()  # the failure is recorded too
 
 
+def test_submit_names_a_hostile_folder_as_text(module_repo, tmp_path):
+    """A path through folders `a[` and `x]` read as rich markup ("[/x]") and ended the command with a traceback;
+    a folder's escape sequences reached the terminal."""
+    folder = tmp_path / "a[" / "x]\x1b]0;title\x07y"
+    shutil.copytree(FIXTURES / "wrong_values", folder)
+    shutil.copytree(FIXTURES.parent / "_shared", tmp_path / "_shared")  # its decode_support, at ../../_shared
+    result = invoke(module_repo, "submit", str(folder), "--trace-dir", str(tmp_path / "traces"), *FAST)
+    assert result.exit_code == 1, result.output
+    (line,) = [line for line in result.stderr.splitlines() if "not submitted" in line]
+    assert line.startswith(f"{tmp_path}/a[/x]?]0;title?y: not submitted: INCORRECT_NUMERICAL")
+    assert "\x1b" not in result.output and "Traceback" not in result.output
+
+
 def test_submit_under_the_name_of_a_repository_solution_with_other_code_exits_2_before_running(fresh_repo,
                                                                                              tmp_path):
     """A failed submit recorded its traces under the name, and so took that solution's board row."""

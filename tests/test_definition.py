@@ -376,7 +376,7 @@ def test_a_solutions_name_and_definition_are_folder_names_never_dot_or_dotdot(tm
 @pytest.mark.parametrize("field, value", [
     ("tags", ["baseline|x\n## NVIDIA H200"]), ("tags", ["[verified](https://evil.example)"]), ("tags", ["<img>"]),
     ("tags", ["\x1b]52;c;aGk=\x07"]), ("author", "a\nb"), ("author", "[maintainers](https://evil.example)"),
-    ("author", "x\x1b[2J"), ("author", "")])
+    ("author", "x\x1b[2J"), ("author", ""), ("author", "flashbench\u202e"), ("author", "flash\u200bbench")])
 def test_tags_and_author_cannot_carry_markup_or_escapes(tmp_path, field, value):
     """Both reach boards and terminals: a tag is a word, an author one plain line."""
     path = tmp_path / "solution.yaml"
@@ -392,3 +392,5 @@ def test_plain_tags_and_authors_are_kept(tmp_path):
                                     "author": "Jane Doe (jane@example.com)"}))
     solution = load_model(Solution, path)
     assert solution.tags == ["baseline", "library:flashmla", "v1.2"] and solution.author.startswith("Jane")
+    path.write_text(yaml.safe_dump({**SOLUTION_MANIFEST, "author": "José Núñez, 李"}, allow_unicode=True))
+    assert load_model(Solution, path).author == "José Núñez, 李"  # letters of any script: only format characters go

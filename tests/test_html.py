@@ -7,11 +7,11 @@ import subprocess
 
 import pytest
 from matplotlib.image import imread
-from trace_factory import CALIBRATION, make_trace
+from trace_factory import CALIBRATION, make_trace, named
 
 from flashbench.leaderboard import build_boards, html_page, traces_frame
 
-TRACES = [make_trace(solution, workload, latency, hardware=hardware, tags=tags)
+TRACES = [(named if "<" in solution else make_trace)(solution, workload, latency, hardware=hardware, tags=tags)
           for hardware in ("GPU X", "GPU Y")
           for workload in ("w1-aaaaaa", "w2-aaaaaa")
           for solution, latency, tags in (("reference", 8.0, ["reference"]), ("base", 4.0, ["baseline"]),

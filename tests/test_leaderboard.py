@@ -7,7 +7,7 @@ import shutil
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from trace_factory import CALIBRATION, DECODE, EVENTS, REPO, decode_workloads, make_trace
+from trace_factory import CALIBRATION, DECODE, EVENTS, REPO, decode_workloads, make_trace, named
 
 from flashbench.build import content_hash
 from flashbench.calibrate import save_calibration
@@ -317,6 +317,25 @@ def test_report_command_still_works(recorded):
     assert "Measured with timing events, L2 flushed (256 MiB), device cuda." in result.output
 
 
+def test_what_traces_say_of_their_device_reaches_no_terminal_and_no_report_as_markup(recorded):
+    """A record's device is free-form: named in the notes, its escape sequences reached the terminal, its HTML and
+    headings `report`'s Markdown. A record of another GPU first in the file named the report's title."""
+    path = trace_path(recorded, "GPU X", DECODE)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(make_trace("s", "w", 1.0, hardware="NVIDIA H200", definition=DECODE).model_dump_json() + "\n"
+                    + "".join(lines))
+    append_trace(path, make_trace("odd", timed_and_smoke()[0], 3.0, hardware="GPU X", definition=DECODE,
+                                  device="cuda<img src=x>\n# Hijacked \x1b]0;title\x1b\\"))
+    board = invoke("leaderboard", "--def", "mla_paged_decode", "--hardware", "gpu_x", "--trace-dir", str(recorded))
+    assert board.exit_code == 0, board.output
+    assert "\x1b" not in board.output and "odd: cuda<img src=x> # Hijacked ?]0;title?\\" in board.output
+    report = invoke("report", "--def", "mla_paged_decode", "--hardware", "gpu_x", "--trace-dir", str(recorded))
+    assert report.exit_code == 0, report.output
+    assert report.output.startswith("# mla_paged_decode_h16_ckv512_kpe64_ps1 on GPU X\n")
+    assert "<img" not in report.output and "\n# Hijacked" not in report.output and "\x1b" not in report.output
+    assert "odd: cuda&lt;img src=x&gt; # Hijacked ?\\]0;title?\\)" in report.output
+
+
 def test_graph_timings_are_shown_only_with_timing_graph(recorded):
     uuid = decode_workloads()[0].uuid
     append_trace(trace_path(recorded, "GPU X", DECODE, "graph"), make_trace("fast", uuid, 1.5, hardware="GPU X", definition=DECODE))
@@ -370,14 +389,14 @@ def test_text_from_traces_stays_text_in_markdown():
     """A trace file, or an imported dataset's, may name a solution or a device anything: no HTML, heading or
     terminal escape of theirs reaches a Markdown board, and no name breaks its table."""
     hostile = "<img src=x onerror=alert(1)>|x\n## Injected \x1b]52;c;AAAA\x07"
-    traces = [make_trace(hostile, "W1-1", 1.0, hardware="gpu x"), make_trace("plain", "W1-1", 2.0, hardware="gpu x",
-                                                                            device="<script>cuda</script>")]
+    traces = [named(hostile, "W1-1", 1.0, hardware="gpu x"), make_trace("plain", "W1-1", 2.0, hardware="gpu x",
+                                                                       device="<script>cuda</script>")]
     text = markdown([board_of(traces)])
     assert "<img" not in text and "<script>" not in text and "\x1b" not in text and "\n## Injected" not in text
     assert "&lt;img src=x onerror=alert(1)&gt;\\|x ## Injected" in text
     table = [line for line in text.splitlines() if line.startswith("|")]
     assert len({line.count("|") - line.count("\\|") for line in table}) == 1  # every row has the header's cells
-    by_workload = markdown([board_of(traces + [make_trace("[click](javascript:x)", "W1-1", 3.0, hardware="gpu x")])],
+    by_workload = markdown([board_of(traces + [named("[click](javascript:x)", "W1-1", 3.0, hardware="gpu x")])],
                            by_workload=True)  # a column per solution, named as its traces say
     header = next(line for line in by_workload.splitlines() if line.startswith("| workload"))
     assert "<img" not in header and "&lt;img" in header and "\\[click\\](javascript:x)" in header

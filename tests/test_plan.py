@@ -94,6 +94,19 @@ def test_install_copies_through_the_same_walk(tmp_path):
         install_solution(Repo(root), path)
 
 
+@pytest.mark.parametrize("name, target", [("NOTES.md", "/etc/passwd"), ("docs", "/")])
+def test_install_refuses_a_link_leading_out_even_in_documentation(tmp_path, name, target):
+    """Documentation is never staged for a run, so a link there leading out passed it, and the installed copy kept
+    the link: solutions/ of the repository then held a link to a file or folder of the host's."""
+    path = solution_folder(tmp_path / "mine", "mine")
+    (path / name).symlink_to(target)
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "definitions" / "mla_paged", root / "definitions" / "mla_paged")
+    with pytest.raises(FlashbenchError, match=f"{name} is a link to .*; not submitted"):
+        install_solution(Repo(root), path, content_hash(path))
+    assert not (root / "solutions").exists()
+
+
 def test_install_refuses_a_folder_whose_files_changed_after_they_ran(tmp_path):
     """`submit` installs what ran: a worker (or anyone) that changed the folder after the run gets nothing in,
     and the solution already installed under that name stays as it was."""

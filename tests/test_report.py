@@ -86,3 +86,12 @@ def test_a_pair_whose_worker_issued_for_nearly_the_whole_batch_is_marked_host_bo
     assert "host-bound: the worker reported issuing calls for 95% or more" in markdown_report("d", board, tmp_path / "d.jsonl")
     assert "host-bound:" not in markdown_report("d", report_board(traces[1:], WORKLOADS, "GPU X", CALIBRATION),
                                                 tmp_path / "d.jsonl")
+
+
+def test_what_a_trace_says_of_its_device_stays_text(tmp_path):
+    """The legend names each solution's device as its trace says: HTML, a heading or a link there was Markdown."""
+    traces = [make_trace("fast", "aaaaaaaa-1", 2.0), make_trace("odd", "aaaaaaaa-1", 2.0,
+                                                                device="<img src=x>\n# Hijacked [x](javascript:y)")]
+    text = markdown_report("d", report_board(traces, WORKLOADS, "GPU X", CALIBRATION), tmp_path / "d.jsonl")
+    assert "<img" not in text and "\n# Hijacked" not in text and "[x](javascript" not in text
+    assert "device cuda (odd: &lt;img src=x&gt; # Hijacked \\[x\\](javascript:y))." in text

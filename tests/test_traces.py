@@ -110,8 +110,15 @@ def make_trace(i: int, **fields) -> Trace:
     return Trace(**values)
 
 
-@pytest.mark.parametrize("field, value", [("solution_tags", ["x|y"]), ("author", "a\nb"),
-                                          ("hardware", "NVIDIA H200 | fake"), ("workload_name", "x|\n## y")])
+@pytest.mark.parametrize("field, value", [
+    ("solution_tags", ["x|y"]), ("author", "a\nb"), ("hardware", "NVIDIA H200 | fake"), ("workload_name", "x|\n## y"),
+    # a name no manifest can give: an escape sequence reached the terminal through a board's notes, HTML and a
+    # heading `report`'s Markdown; a zero-width space or a Cyrillic 'о' made a row look like another solution's
+    ("solution", "x\x1b]0;title\x1b\\"), ("solution", "x<img src=x onerror=alert(1)>\n# y"),
+    ("solution", "torch_vectorized\u200b"), ("solution", "t\u043erch_vectorized"), ("definition", "d\x1b[2J"),
+    # format characters reverse, hide or isolate what follows; a GPU's name in other letters is another's look-alike
+    ("author", "flashbench\u202e"), ("author", "flash\u2066bench"), ("hardware", "NVIDIA H200\u200b"),
+    ("hardware", "NVIDIA \u041d200")])
 def test_a_record_whose_labels_carry_markup_is_not_a_trace(tmp_path, capsys, field, value):
     """Imported or hand-written trace files reach boards too: such a line is skipped with a warning."""
     path = trace_path(tmp_path, "CPU x86_64", DEFINITION)

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import FlashbenchError
+from ..model.trace import printable_line
 
 # Not a terminal (a log, CI): wide enough that result tables stay on one line per row.
 console = Console() if sys.stdout.isatty() else Console(width=160)
@@ -32,7 +33,7 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except FlashbenchError as exc:
-            fail(escape(str(exc)))
+            fail(shown(exc))
         except click.UsageError as exc:  # a command's flags, parsed here
             usage_error(exc)
         except KeyboardInterrupt:
@@ -43,6 +44,12 @@ class Group(click.Group):
 def usage_error(exc: click.UsageError):
     command = exc.ctx.command_path if exc.ctx else "flashbench"  # no context: the group's own flags
     fail(f"{escape(exc.format_message())} See '{command} --help'.")
+
+
+def shown(text) -> str:
+    """Text from a file, or a folder's name, as markup that prints it as one line of text: a path through folders
+    `a[` and `x]` ended `submit` with a traceback ("[/x]"), and escape sequences in names reached the terminal."""
+    return escape(printable_line(str(text)))
 
 
 def fail(markup: str):

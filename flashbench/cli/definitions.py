@@ -3,11 +3,11 @@
 from pathlib import Path
 
 import click
-from rich.markup import escape
 from rich.table import Column, Table
 
+from ..model.trace import printable_line
 from ..validate import validate
-from . import console, errors, main, repo_from
+from . import console, errors, main, repo_from, shown
 
 
 @main.command("list")
@@ -22,8 +22,8 @@ def list_definitions(ctx):
     for name in names:
         definition = repo.definition(name)
         workloads = repo.workload_set(name)
-        table.add_row(name, definition.op_type, str(len(workloads.workloads) if workloads else 0),
-                      str(len(repo.solution_folders(name))), escape(" ".join(definition.tags)))
+        table.add_row(name, shown(definition.op_type), str(len(workloads.workloads) if workloads else 0),
+                      str(len(repo.solution_folders(name))), shown(" ".join(definition.tags)))
     console.print(table)
 
 
@@ -35,22 +35,23 @@ def show(ctx, name):
     repo = repo_from(ctx)
     definition = repo.definition(name)
     path = repo.definition_path(name).relative_to(repo.root)
-    console.print(f"[bold]{definition.name}[/]  ({definition.op_type})  {path}", highlight=False)
-    console.print(definition.description, highlight=False, markup=False)
+    # A definition's words are shown as text, its own escape sequences never sent (an imported dataset's, say)
+    console.print(f"[bold]{definition.name}[/]  ({shown(definition.op_type)})  {shown(path)}", highlight=False)
+    console.print("\n".join(map(printable_line, definition.description.splitlines())), highlight=False, markup=False)
     axes = Table("axis", "kind", "value", "description", title="axes")
     for axis_name, axis in definition.axes.items():
-        axes.add_row(axis_name, axis.type, "" if axis.value is None else str(axis.value), escape(axis.description))
+        axes.add_row(shown(axis_name), axis.type, "" if axis.value is None else str(axis.value), shown(axis.description))
     console.print(axes)
     tensors = Table("name", "role", "shape", "dtype", "description", title="inputs and outputs")
     for role, specs in (("input", definition.inputs), ("output", definition.outputs)):
         for tensor_name, spec in specs.items():
             shape = "scalar" if spec.shape is None else f"[{', '.join(spec.shape)}]"
-            # escape: "[batch_size, ...]" would otherwise be read as rich markup and vanish
-            tensors.add_row(tensor_name, role, escape(shape), spec.dtype, escape(spec.description))
+            # shown: "[batch_size, ...]" would otherwise be read as rich markup and vanish
+            tensors.add_row(shown(tensor_name), role, shown(shape), spec.dtype, shown(spec.description))
     console.print(tensors)
     console.print("[bold]constraints[/]")
     for constraint in definition.constraints:
-        console.print(f"  {constraint}", highlight=False, markup=False)
+        console.print(f"  {printable_line(constraint)}", highlight=False, markup=False)
     evaluator = definition.evaluator
     settings = " ".join(f"{k}={v}" for k, v in evaluator.model_dump(exclude={"kind"}).items())
     console.print(f"[bold]evaluator[/] {evaluator.kind} {settings}".rstrip(), highlight=False)
@@ -74,9 +75,9 @@ def validate_command(ctx, paths):
     results = validate(repo_from(ctx), [p.resolve() for p in paths] or None)
     for checked in results:
         if checked.ok:
-            console.print(f"[green]ok[/]      {checked.kind:<10} {escape(str(checked.path))}", highlight=False, soft_wrap=True)
+            console.print(f"[green]ok[/]      {checked.kind:<10} {shown(checked.path)}", highlight=False, soft_wrap=True)
         for error in checked.errors:  # a line each: every invalid workload of a file
-            errors.print(f"[red]invalid[/] {checked.kind:<10} {escape(error)}", highlight=False, soft_wrap=True)
+            errors.print(f"[red]invalid[/] {checked.kind:<10} {shown(error)}", highlight=False, soft_wrap=True)
     bad = sum(not c.ok for c in results)
     console.print(f"{len(results) - bad} valid, {bad} invalid")
     if bad or not results:

@@ -86,8 +86,8 @@ def leaderboard(ctx, definition, hardware, trace_dir, timing, baseline, by_workl
         for board in boards:
             shown = lb.by_workload_display(board) if by_workload else lb.ranking_display(board)
             target.print(rich_table(shown, title=formats.board_title(board)))
-            for note in board.notes:
-                target.print(f"  {note}", markup=False, highlight=False)
+            for note in board.notes:  # they name solutions and what their traces say of the device
+                target.print(f"  {printable_line(note)}", markup=False, highlight=False)
         if out:
             target.file.close()
             console.print(f"wrote {out}", highlight=False)
@@ -143,7 +143,8 @@ def report(ctx, definition, hardware, trace_dir, timing, out):
     if board is None:
         raise FlashbenchError(f"no traces of {hardware} on workloads of the workload set", path)
     shown = path.relative_to(repo.root) if path.is_relative_to(repo.root) else path
-    title = f"{name} on {traces[0].hardware}" + (", CUDA-graph replay" if timing == "graph" else "")
+    # The board's own name: the file's first record may be another hardware's, left off the board
+    title = f"{name} on {board.hardware_name}" + (", CUDA-graph replay" if timing == "graph" else "")
     write_text(markdown_report(title, board, shown), out)
 
 

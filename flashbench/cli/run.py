@@ -24,7 +24,7 @@ from ..run import (RunOptions, RunResult, Runner, device_threads_left, install_s
                    select_workloads)
 from ..run.plan import check_name_is_its_own
 from ..run.recipe import DEFAULT_FLUSH, FLUSH_METHODS
-from . import INTERRUPTED, console, errors, main, repo_from
+from . import INTERRUPTED, console, errors, main, repo_from, shown
 
 STATUS_STYLE = {"PASSED": "green", "MISSING_DEPENDENCY": "yellow"}
 NOT_APPLICABLE = "—"  # a figure that means nothing here (a rate from a host clock): never a 0
@@ -309,6 +309,6 @@ def submit(ctx, path, device, warmup, iters, seed, flush, checked_calls, timeout
     if failed:
         first = failed[0]
         reason = first.message.partition("\n")[0]  # one line, however long the build log
-        errors.print(f"{path}: not submitted: {first.status} on {first.workload_name}: {escape(reason)}",
+        errors.print(f"{shown(path)}: not submitted: {first.status} on {first.workload_name}: {shown(reason)}",
                      highlight=False, soft_wrap=True)
         ctx.exit(1)

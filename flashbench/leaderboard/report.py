@@ -8,7 +8,7 @@ import pandas as pd
 from ..model import Calibration, Trace, Workload
 from ..traces import hardware_slug
 from .board import UNTIMED_TAGS, Board, build_board, measurement_note, split_by_hardware
-from .formats import NOT_APPLICABLE, markdown_table, spread
+from .formats import NOT_APPLICABLE, markdown_table, markdown_text, spread
 from .results import HOST_BOUND_SHARE, HOST_CLOCK, mark_stale, traces_frame
 
 
@@ -87,7 +87,7 @@ def markdown_report(title: str, board: Board, source: Path) -> str:
                  f"this {calibration.hardware}. {cells}"]
     else:
         lines = [f"{cells} No calibration for this hardware, so no floor: run `flashbench calibrate`."]
-    lines.append(f"Measured with {measurement_note(board.results)}.")
+    lines.append(f"Measured with {markdown_text(measurement_note(board.results))}.")  # free-form words of traces
     untimed = [label for uuid, label in board.labels.items() if uuid not in board.timed]
     if untimed:
         lines.append(f"Workloads tagged {' or '.join(sorted(UNTIMED_TAGS))} ({', '.join(untimed)}) check correctness: "

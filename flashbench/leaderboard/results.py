@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..build import same_content
 from ..model import Calibration, Performance, Trace
+from ..model.trace import printable_line
 from ..registry import Repo
 from ..traces import hardware_slug, read_traces, trace_file_name, trace_path
 
@@ -98,8 +99,9 @@ def _number(value) -> float:
 
 
 def _text(value) -> str | None:
-    """A free-form field shown as words (a method, a device): a list or a mapping there ended every board."""
-    return value if isinstance(value, str) else None
+    """A free-form field shown as words (a method, a device): a list or a mapping there ended every board, and an
+    escape sequence or a newline in a device's name reached the terminal and `report` through the notes."""
+    return printable_line(value) if isinstance(value, str) else None
 
 
 def read_results(trace_dir: Path, definition: str, hardware: str | None = None, timing: str = "events",

@@ -3,7 +3,7 @@
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from .definition import FOLDER_NAME, Strict
 
@@ -19,6 +19,26 @@ _VERSION_CLAUSE = r"(?:==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!]+"
 _DEPENDENCY = re.compile(rf"([A-Za-z0-9][A-Za-z0-9_-]*)\s*(?:{_VERSION_CLAUSE}(?:\s*,\s*{_VERSION_CLAUSE})*)?")
 
 
+def _printable(text: str) -> str:
+    """LABEL's pattern refuses control characters; a format character (U+202E reverses the text after it,
+    U+200B is invisible, U+2066 isolates) or a line separator is no more printable, and made names look alike."""
+    if not text.isprintable():
+        raise ValueError("must be printable: no format character (such as U+202E or U+200B) nor line separator")
+    return text
+
+
+def _ascii(text: str) -> str:
+    """A hardware's traces live in a folder named after its ASCII letters and digits (traces.hardware_slug): any
+    other letter, a Cyrillic 'Н' for an 'H', only dressed one GPU's board as another's."""
+    if not text.isascii():
+        raise ValueError("must be ASCII, as a GPU's name is")
+    return text
+
+
+Label = Annotated[str, Field(pattern=LABEL), AfterValidator(_printable)]  # an author
+HardwareName = Annotated[str, Field(pattern=LABEL), AfterValidator(_ascii)]
+
+
 def dependency_name(dependency: str) -> str | None:
     """The package name of a dependency ('torch>=2.4' -> 'torch'); None for one the Solution model refuses."""
     match = _DEPENDENCY.fullmatch(dependency)
@@ -28,7 +48,7 @@ def dependency_name(dependency: str) -> str | None:
 class Solution(Strict):
     name: str = Field(pattern=FOLDER_NAME)
     definition: str = Field(pattern=FOLDER_NAME)
-    author: str = Field(pattern=LABEL)
+    author: Label
     description: str = ""
     language: Literal["python", "triton", "cuda"]
     entry_point: str = Field(pattern=r"^[^:]+::[A-Za-z_]\w*$", description="file::function")

@@ -4,8 +4,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .definition import FOLDER_NAME_OR_NONE
-from .solution import LABEL, TAG
+from .definition import FOLDER_NAME, FOLDER_NAME_OR_NONE
+from .solution import TAG, HardwareName, Label
 
 Status = Literal[
     "PASSED", "INCORRECT_SHAPE", "INCORRECT_DTYPE", "INCORRECT_NUMERICAL", "RUNTIME_ERROR",
@@ -55,14 +55,16 @@ def printable_line(text: str) -> str:
 class Trace(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    definition: str
+    # Names as a manifest gives them: a line with any other (an escape sequence, HTML, U+200B or a Cyrillic letter
+    # making a row look like another solution's) is no trace.
+    definition: str = Field(pattern=FOLDER_NAME)
     workload: str = Field(description="workload uuid")
     workload_name: str = Field("", pattern=FOLDER_NAME_OR_NONE)
-    solution: str
+    solution: str = Field(pattern=FOLDER_NAME)
     solution_hash: str
     solution_tags: list[Annotated[str, Field(pattern=TAG)]] = Field([], description="the solution's tags, e.g. baseline")
-    author: str = Field(pattern=LABEL)
-    hardware: str = Field(pattern=LABEL)
+    author: Label
+    hardware: HardwareName
     status: Status
     message: str = Field("", description="one line, printable: what a solution wrote into it cannot drive a terminal")
     log: str = ""

@@ -222,6 +222,8 @@ def install_solution(repo: Repo, folder: Path, ran_hash: str | None = None) -> P
     if target.resolve() == folder.resolve():
         return target
     _check_no_case_twin(target, loaded.path / "solution.yaml", "name")
+    for source in [loaded.path, *loaded.shared]:
+        _check_no_refused_link(source, loaded.path / "solution.yaml")
     shared = _shared_to_install(repo, loaded)
     for source, shared_target in shared:
         _copy_into(source, shared_target, documentation=True)
@@ -239,6 +241,14 @@ def install_solution(repo: Repo, folder: Path, ran_hash: str | None = None) -> P
         shutil.rmtree(target)
     incoming.rename(target)
     return target
+
+
+def _check_no_refused_link(folder: Path, manifest: Path) -> None:
+    """A link walk_folder refuses stays a link in a staged copy, for the worker to refuse; but documentation is never
+    staged, so such a link there passed the run, and `submit` installed links to /etc/passwd and /root in solutions/."""
+    for _, _, problem in walk_folder(folder):
+        if problem:
+            raise FlashbenchError(f"{problem}; not submitted", manifest)
 
 
 def _shared_to_install(repo: Repo, loaded: SolutionFolder) -> list[tuple[Path, Path]]:

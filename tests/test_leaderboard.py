@@ -336,6 +336,15 @@ def test_what_traces_say_of_their_device_reaches_no_terminal_and_no_report_as_ma
     assert "odd: cuda&lt;img src=x&gt; # Hijacked ?\\]0;title?\\)" in report.output
 
 
+def test_report_leaves_out_a_record_of_another_definition(recorded):
+    path = trace_path(recorded, "GPU X", DECODE)
+    append_trace(path, make_trace("intruder", timed_and_smoke()[0], 0.5, hardware="GPU X",
+                                  definition="mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"))
+    report = invoke("report", "--def", "mla_paged_decode", "--hardware", "gpu_x", "--trace-dir", str(recorded))
+    assert report.exit_code == 0, report.output
+    assert "intruder" not in report.output and "fast" in report.output
+
+
 def test_graph_timings_are_shown_only_with_timing_graph(recorded):
     uuid = decode_workloads()[0].uuid
     append_trace(trace_path(recorded, "GPU X", DECODE, "graph"), make_trace("fast", uuid, 1.5, hardware="GPU X", definition=DECODE))

@@ -128,14 +128,14 @@ def report(ctx, definition, hardware, trace_dir, timing, out):
     """A Markdown benchmark table from recorded traces: per workload the floor and each solution's
     latency ± spread, share of the floor and achieved TFLOP/s or GB/s; how it was measured above it."""
     from ..calibrate import load_calibration
-    from ..leaderboard import markdown_report, report_board, solution_hashes
-    from ..traces import read_traces, trace_path
+    from ..leaderboard import belonging, markdown_report, report_board, solution_hashes
+    from ..traces import trace_path
 
     repo = repo_from(ctx)
     name = repo.resolve(definition)
     trace_dir = trace_dir or repo.root / "traces"
     path = trace_path(trace_dir, hardware, name, timing)
-    traces = read_traces(path)
+    traces = belonging(path, name)  # as on the boards: a record of another definition stays off
     if not traces:
         raise FlashbenchError("no traces recorded here", path)
     board = report_board(traces, repo.workload_set(name).workloads, hardware, load_calibration(trace_dir, hardware),

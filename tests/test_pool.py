@@ -501,15 +501,19 @@ def test_all_without_a_gpu(monkeypatch):
         parse_devices("all")
 
 
-@pytest.mark.parametrize("available, lanes, expected", [
-    ([0, 1, 2, 3], 1, [None]),  # one lane: any CPU
-    ([0, 1, 2, 3], 2, [(0, 2), (1, 3)]),
-    ([0, 1, 2, 3, 4], 3, [(0, 3), (1, 4), (2,)]),
-    ([0, 1], 3, [(0,), (1,), (0,)]),  # more lanes than CPUs: shared, one CPU each
+@pytest.mark.parametrize("available, devices, expected", [
+    ([0, 1, 2, 3], ["cuda:0"], [None]),  # one lane: any CPU
+    ([0, 1, 2, 3], ["cuda:0", "cuda:1"], [(0, 2), (1, 3)]),
+    ([0, 1, 2, 3, 4], ["cuda:0", "cuda:1", "cuda:2"], [(0, 3), (1, 4), (2,)]),
+    ([0, 1], ["cuda:0", "cuda:1", "cuda:2"], [(0,), (1,), (0,)]),  # more lanes than CPUs: shared, one CPU each
+    ([2, 3, 5], ["cpu"], [(2,)]),  # a CPU device: as many CPUs as the judge times the steps with
+    ([0, 1, 2, 3], ["cpu", "cpu"], [(0,), (1,)]),
 ])
-def test_lanes_get_cpus_of_their_own(monkeypatch, available, lanes, expected):
+def test_lanes_get_cpus_of_their_own(monkeypatch, available, devices, expected):
     """A worker of one lane spinning from many sessions starved another lane's worker while it was timed
-    (a red team: 20 ms a call against 3.8 ms); each lane's sandboxes now run on CPUs of their own."""
+    (a red team: 20 ms a call against 3.8 ms); each lane's sandboxes now run on CPUs of their own. On a CPU
+    device, a worker could run the harness's steps (which the judge subtracts, timed with one thread) on a
+    spare CPU beside its calls: it keeps one CPU."""
     monkeypatch.setattr(pool.os, "sched_getaffinity", lambda pid: set(available))
 
-    assert pool.lane_cpus(lanes) == expected
+    assert pool.lane_cpus(devices) == expected

@@ -395,7 +395,8 @@ def test_a_linked_redraw_derives_the_rotations_and_signs_of_each_link_and_seed(d
         rotations, masks, factor = derive(given, keys[k])
         mixed = mixed_link(link, seed)
         shifts = window_shifts(mixed, len(lengths), "cpu").tolist()
-        assert [rotation.tolist() for rotation in rotations] == [
+        assert [recipe.rotated(torch.arange(n, device=device), rotation).tolist()
+                for n, rotation in zip(lengths, rotations)] == [
             [(i + shift) % n for i in range(n)] for n, shift in zip(lengths, shifts)]
         negated = negated_columns(mixed, width, "cpu")
         assert masks[1].cpu().tolist() == (negated * 0x80).tolist()
@@ -403,6 +404,25 @@ def test_a_linked_redraw_derives_the_rotations_and_signs_of_each_link_and_seed(d
         assert factor.item() == (torch.tensor(mixed, dtype=torch.float32) * 2.0 ** -31 + 1).item()
         assert 1 <= factor.item() < 2
     assert (derive._graph is not None) == (device == "cuda")
+
+
+def test_a_cpu_rotates_by_slicing_the_rows_an_index_of_positions_gives():
+    """On a CPU a rotation is its shift, applied by slicing: an index of a 1 MiB window's positions, made and
+    gathered by, cost the host more than the window's draw, and a red team's worker that sliced instead (the same
+    bytes) ran its steps in 40% of the judge's run of them, which the judge subtracts: PASSED at its forged
+    clock's 1 µs. The rows are those a GPU's index gives, empty and one-row windows included."""
+    lengths = (5, 1 << 19, 1, 0)
+    rotations, _, _ = LinkedRedraw(lengths, 0, (), torch.device("cpu"))(123456789, link_keys([3], "cpu")[0])
+    assert all(isinstance(rotation, int) for rotation in rotations)
+    shifts = window_shifts(mixed_link(123456789, 3), len(lengths), "cpu").tolist()
+    for n, shift, rotation in zip(lengths, shifts, rotations):
+        source = torch.arange(n) * 3
+        expected = source.index_select(0, (torch.arange(n) + shift).remainder_(max(n, 1)))
+        assert torch.equal(recipe.rotated(source, rotation), expected)
+        target = torch.full_like(source, -1)
+        for into, rows in recipe.rotated_copies(target, source, rotation):
+            into.copy_(rows)
+        assert torch.equal(target, expected)
 
 
 @contextlib.contextmanager

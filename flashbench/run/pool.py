@@ -19,6 +19,7 @@ import torch
 
 from ..errors import FlashbenchError
 from .jobs import DeviceUnusable, JobJudge
+from .recipe import CPU_THREADS
 from .session import JobOutcome
 
 STARTS_BEFORE_OUT = 2  # failed device checks in a row that take a device out of the pool
@@ -53,13 +54,18 @@ def parse_devices(spec: str) -> list[str]:
     return devices
 
 
-def lane_cpus(lanes: int) -> list[tuple[int, ...] | None]:
+def lane_cpus(devices: list[str]) -> list[tuple[int, ...] | None]:
     """Each lane's share of the CPUs this process may use, disjoint where there are enough: a worker (and all it
-    starts) of one lane cannot take CPU time from another lane's worker while that one is timed. One lane: any."""
-    if lanes < 2:
-        return [None]
+    starts) of one lane cannot take CPU time from another lane's worker while that one is timed. One lane: any.
+    A CPU device's lane keeps CPU_THREADS of its share, the threads the judge times the harness's steps with:
+    the judge subtracts those steps from the worker's batches, so a worker that ran them on spare CPUs beside
+    its calls would have the difference credited to its calls."""
+    lanes = len(devices)
     available = sorted(os.sched_getaffinity(0))
-    return [tuple(available[lane::lanes]) or (available[lane % len(available)],) for lane in range(lanes)]
+    shares = [None] if lanes < 2 else [tuple(available[lane::lanes]) or (available[lane % len(available)],)
+                                       for lane in range(lanes)]
+    return [(share or tuple(available))[:CPU_THREADS] if device.partition(":")[0] == "cpu" else share
+            for device, share in zip(devices, shares)]
 
 
 class DeviceOut(Exception):
@@ -174,7 +180,7 @@ class DevicePool:
 
     def __init__(self, judge: JobJudge, devices: list[str]):
         self.judge = judge
-        shares = lane_cpus(len(devices))
+        shares = lane_cpus(devices)
         self.lanes = [Lane(judge, device, cpus) for device, cpus in zip(devices, shares)]
         self._jobs: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()

@@ -6,8 +6,9 @@ d_qk 128 and 192, sparse FP8 decode and sparse prefill, with and without sinks) 
 the current directory: request counts from 1 to 257, lengths at and around tile edges (0, 1, 15-17,
 31-33, 63-65, 127-129, ...) mixed with random and a few long ones, 1 to 4 query tokens on the
 FlashMLA form (1 or 2 on sparse decode), prefixes or none, invalid index entries trailing or
-scattered, queries with none valid, and scales from 0.0417 to 1. The same SEED gives the same
-workloads (uuids included). Run it in a scratch copy, never in a checkout you commit from, then:
+scattered, queries with none valid, and scales from 0.0417 to 1; and to the MLA paged and MHA varlen
+sets one workload whose requests have no query or no key at all (`fuzz_empty`). The same SEED gives the
+same workloads (uuids included). Run it in a scratch copy, never in a checkout you commit from, then:
 
     python benchmarks/fuzz_workloads.py SEED PER
     flashbench run --def mla_paged_decode --workload fuzz --iters 20 --warmup 2
@@ -32,6 +33,7 @@ class Draw:
     """The random choices of one sweep, from its seed."""
 
     def __init__(self, seed: int):
+        self.seed = seed
         self.rng = random.Random(seed)
 
     def lengths(self, count: int, top: int, zeros: bool = True) -> list[int]:
@@ -117,26 +119,46 @@ class Draw:
         return {"inputs": self.sparse_inputs("sm_scale", sink), "generate": [self.invalid_entries(spec, sum(q_lens))]}
 
 
-def append(path: Path, make, per: int, draw: Draw) -> None:
+# Batches of empty requests, valid where a definition allows a length of 0: nothing to compute, which a
+# kernel's launch or a library's planner may not expect.
+EMPTY = {
+    "decode": {"inputs": {"sm_scale": {"type": "scalar", "value": 0.0722}}, "generate": [{
+        "generator": "paged_kv", "page_pool": 50, "kv_lens": {"distribution": "list", "values": [0, 0, 0]}}]},
+    "prefill": {"inputs": {"sm_scale": {"type": "scalar", "value": 0.0722}}, "generate": [{
+        "generator": "paged_kv", "page_pool": 50, "q_lens": {"distribution": "list", "values": [0, 0]},
+        "prefix_lens": {"distribution": "list", "values": [0, 5]}}]},
+    "varlen": {"inputs": {"softmax_scale": {"type": "scalar", "value": 0.0722}}, "generate": [{
+        "generator": "varlen", "q_lens": {"distribution": "list", "values": [0, 0]},
+        "prefix_lens": {"distribution": "list", "values": [0, 7]}}]},
+}
+
+
+def append(path: Path, make, per: int, draw: Draw, empty: str | None = None) -> None:
+    """PER random workloads from `make`, then the EMPTY one named (its uuid from the seed: the random
+    draws stay those of earlier versions of this tool)."""
     document = yaml.safe_load(path.read_text())
     for i in range(per):
         workload = make()
         workload.update(uuid=str(uuid.UUID(int=draw.rng.getrandbits(128))), name=f"fuzz{i}", tags=["fuzz"])
         document["workloads"].append(workload)
+    if empty:
+        named = uuid.uuid5(uuid.NAMESPACE_URL, f"flashbench-fuzz/{draw.seed}/{path.name}")
+        document["workloads"].append({"uuid": str(named), "name": "fuzz_empty", "tags": ["fuzz"], **EMPTY[empty]})
     path.write_text(yaml.safe_dump(document, sort_keys=False))
 
 
 def main(seed: int, per: int) -> None:
     draw = Draw(seed)
-    append(DEFINITIONS / "mla_paged/mla_paged_decode_h16_ckv512_kpe64_ps1.workloads.yaml", draw.decode, per, draw)
+    append(DEFINITIONS / "mla_paged/mla_paged_decode_h16_ckv512_kpe64_ps1.workloads.yaml", draw.decode, per, draw,
+           "decode")
     append(DEFINITIONS / "mla_paged/mla_paged_prefill_causal_h16_ckv512_kpe64_ps1.workloads.yaml", draw.prefill, per,
-           draw)
+           draw, "prefill")
     for heads in (16, 128):
         append(DEFINITIONS / f"flashmla_decode/flashmla_decode_causal_h{heads}_ckv512_kpe64_ps64.workloads.yaml",
                draw.flashmla_decode, per, draw)
     for dim in (128, 192):
         append(DEFINITIONS / f"mha_varlen/mha_varlen_prefill_causal_h128_dqk{dim}_dv128.workloads.yaml", draw.varlen,
-               per, draw)
+               per, draw, "varlen")
     for heads in (64, 128):
         for sink in (False, True):
             decode = f"flashmla_sparse_decode_fp8{'_sink' * sink}_h{heads}_ckv512_kpe64_ps64_topk2048"

@@ -161,6 +161,48 @@ def test_a_package_in_a_pythonpath_folder_counts_and_is_never_imported(tmp_path,
     assert not (tmp_path / "ran").exists() and "carried_package_xyz" not in sys.modules
 
 
+@pytest.fixture
+def imports(monkeypatch):
+    """sys.path, sys.modules and the entry modules' own names as they were, after the test's imports."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(build, "_OWN_NAMES", {}, raising=False)
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+def test_a_sibling_importing_the_entry_file_back_gets_the_entry_module(tmp_path, imports):
+    """A circular import plain Python allows (`python -c "import kernel"`): the sibling's `import kernel` is the
+    entry module, half run, not a second copy, whose `from helper import scaled` would find helper half run."""
+    (tmp_path / "kernel.py").write_text("from helper import scaled\n\nSCALE = 2\n\n\ndef run(x):\n"
+                                        "    return scaled(x)\n")
+    (tmp_path / "helper.py").write_text("import kernel\n\n\ndef scaled(x):\n    return x * kernel.SCALE\n")
+    run = build.load_entry_point(tmp_path, solution(), tmp_path / "build")
+    assert run(3) == 6 and sys.modules["kernel"] is sys.modules[run.__module__]
+
+
+def test_an_entry_file_never_hides_a_module_of_its_name(tmp_path, imports):
+    (tmp_path / "json.py").write_text(KERNEL)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "kernel.py").write_text(KERNEL)
+    (tmp_path / "util").mkdir()  # a package: what `import util` finds, not util.py
+    (tmp_path / "util" / "__init__.py").write_text("")
+    (tmp_path / "util.py").write_text(KERNEL)
+    import json
+
+    for entry in ("json.py", "sub/kernel.py", "util.py"):
+        assert build.load_entry_point(tmp_path, solution(entry_point=f"{entry}::run"), tmp_path / "build")(1) == 1
+    assert sys.modules["json"] is json and "kernel" not in sys.modules and "util" not in sys.modules
+
+
+def test_an_entry_file_that_fails_to_import_leaves_no_module_of_its_name(tmp_path, imports):
+    (tmp_path / "kernel.py").write_text("raise ValueError('no')\n")
+    with pytest.raises(build.BuildError, match="no"):
+        build.load_entry_point(tmp_path, solution(), tmp_path / "build")
+    assert "kernel" not in sys.modules
+
+
 def test_a_missing_cuda_toolchain_is_found_by_the_judge(monkeypatch):
     from torch.utils import cpp_extension
 

@@ -276,6 +276,22 @@ def test_returned_output_count(worker_job, expected):
     assert problem.value.status == "INCORRECT_SHAPE"
 
 
+@pytest.mark.parametrize("returned, words", [(None, "returned None"), ({}, "returned a dict")])
+def test_returning_none_or_a_dict_says_what_to_return(worker_job, expected, returned, words):
+    """A function that forgot its `return` (all NaN otherwise: 'max abs error inf'), or named its outputs."""
+    with pytest.raises(handler.OutputProblem) as problem:
+        store(worker_job, returned if returned is None else dict(expected))
+    message = str(problem.value)
+    assert problem.value.status == "INCORRECT_SHAPE"
+    assert message.startswith(words) and "a tuple in the definition's order (output, lse)" in message
+
+
+def test_a_destination_passing_call_leaves_its_slot_as_written(worker_job, expected):
+    worker_job.slots[0]["lse"].copy_(expected["lse"])
+    store(worker_job, handler.IN_SLOT)
+    assert torch.equal(worker_job.slots[0]["lse"], expected["lse"]) and worker_job.returned is None
+
+
 @pytest.mark.parametrize("change, status, words", [
     (lambda t: t[None], "INCORRECT_SHAPE", "has shape [1, 3, 16, 512], expected [3, 16, 512]"),
     (lambda t: t.float(), "INCORRECT_DTYPE", "is float32, expected bfloat16"),
@@ -299,3 +315,15 @@ def test_an_output_that_is_an_input_is_rejected(worker_job, expected):
     assert problem.value.status == "REJECTED"
     with pytest.raises(handler.OutputProblem, match="view of input kv_indptr"):  # any overlap of bytes counts
         store(worker_job, (expected["output"].clone(), worker_job.inputs.sets[0]["kv_indptr"].view(torch.float32)[:3]))
+
+
+
+def test_an_expanded_output_beside_an_input_is_no_view_of_it():
+    """An output of one value expanded (stride 0) covers one element's bytes, not numel x size of them: counted so,
+    one stored just below the arena read as a view of an input. A strided view into an input still counts."""
+    arena = torch.zeros(1000, dtype=torch.bfloat16)
+    inputs = {"q": arena[100:200]}
+    assert handler._aliased_input(arena[99:100].expand(500), inputs) is None
+    assert handler._aliased_input(arena[0:99:2], inputs) is None
+    assert handler._aliased_input(arena[98:300:50], inputs) == "q"
+    assert handler._aliased_input(arena[150:151].expand(4, 4), inputs) == "q"

@@ -16,6 +16,10 @@ from ..protocol import (Batch, BatchDone, Build, CallTimes, Close, Failed, Open,
 from ..recipe import CallClock, InputSets, L2Flush, link_values, release_cached_memory, run_batch
 
 
+# What a destination-passing call leaves in Job.returned: its outputs are in their slot already.
+IN_SLOT = object()
+
+
 class OutputProblem(Exception):
     """What the solution returned cannot be an output; carries the status it earns."""
 
@@ -123,17 +127,21 @@ class Job:
         arguments = self.arguments(call)
         if self.worker.setup.solution.destination_passing_style:
             self.worker.entry(*arguments, *self.slots[call.slot].values())
-            self.returned = None
+            self.returned = IN_SLOT
         else:
             self.returned = self.worker.entry(*arguments)
 
     def store(self, call) -> None:
         """Returned outputs go into the call's slot, where the judge reads them."""
-        if self.returned is None:
-            return
         returned, self.returned = self.returned, None
-        outputs = returned if isinstance(returned, (tuple, list)) else (returned,)
+        if returned is IN_SLOT:
+            return
         names = list(self.definition.outputs)
+        if returned is None or isinstance(returned, dict):
+            raise OutputProblem("INCORRECT_SHAPE", f"returned {'None' if returned is None else 'a dict'}; with "
+                                f"destination_passing_style: false the function returns its outputs, a tuple in the "
+                                f"definition's order ({', '.join(names)})")
+        outputs = returned if isinstance(returned, (tuple, list)) else (returned,)
         if len(outputs) != len(names):
             raise OutputProblem("INCORRECT_SHAPE", f"returned {len(outputs)} values; the definition has {len(names)} outputs")
         for name, value in zip(names, outputs):
@@ -191,9 +199,18 @@ class Job:
 def _aliased_input(value: torch.Tensor, inputs: dict) -> str | None:
     """The input whose bytes `value` shares, if any (inputs are views of one arena, so their
     storages are one: compare byte ranges)."""
-    start, end = value.data_ptr(), value.data_ptr() + value.numel() * value.element_size()
+    start, end = _byte_span(value)
     for name, tensor in inputs.items():
-        begin = tensor.data_ptr()
-        if value.device == tensor.device and start < begin + tensor.numel() * tensor.element_size() and begin < end:
+        begin, stop = _byte_span(tensor)
+        if value.device == tensor.device and start < stop and begin < end:
             return name
     return None
+
+
+def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The addresses from a tensor's first byte to past its last, by its strides: numel x size overstated an
+    expanded output's (stride 0), which could reach into the arena beside it and read as a view of an input."""
+    if tensor.numel() == 0:
+        return tensor.data_ptr(), tensor.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return tensor.data_ptr(), tensor.data_ptr() + (last + 1) * tensor.element_size()

@@ -506,7 +506,7 @@ def test_all_without_a_gpu(monkeypatch):
     ([0, 1, 2, 3], ["cuda:0", "cuda:1"], [(0, 2), (1, 3)]),
     ([0, 1, 2, 3, 4], ["cuda:0", "cuda:1", "cuda:2"], [(0, 3), (1, 4), (2,)]),
     ([0, 1], ["cuda:0", "cuda:1", "cuda:2"], [(0,), (1,), (0,)]),  # more lanes than CPUs: shared, one CPU each
-    ([2, 3, 5], ["cpu"], [(2,)]),  # a CPU device: as many CPUs as the judge times the steps with
+    ([2, 3, 5], ["cpu"], [(5,)]),  # a CPU device: as many CPUs as the judge times the steps with, by PID
     ([0, 1, 2, 3], ["cpu", "cpu"], [(0,), (1,)]),
 ])
 def test_lanes_get_cpus_of_their_own(monkeypatch, available, devices, expected):
@@ -515,5 +515,6 @@ def test_lanes_get_cpus_of_their_own(monkeypatch, available, devices, expected):
     device, a worker could run the harness's steps (which the judge subtracts, timed with one thread) on a
     spare CPU beside its calls: it keeps one CPU."""
     monkeypatch.setattr(pool.os, "sched_getaffinity", lambda pid: set(available))
+    monkeypatch.setattr(pool.os, "getpid", lambda: 11)
 
     assert pool.lane_cpus(devices) == expected

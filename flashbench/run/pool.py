@@ -59,13 +59,15 @@ def lane_cpus(devices: list[str]) -> list[tuple[int, ...] | None]:
     starts) of one lane cannot take CPU time from another lane's worker while that one is timed. One lane: any.
     A CPU device's lane keeps CPU_THREADS of its share, the threads the judge times the harness's steps with:
     the judge subtracts those steps from the worker's batches, so a worker that ran them on spare CPUs beside
-    its calls would have the difference credited to its calls."""
+    its calls would have the difference credited to its calls. (A single CPU lane starts at a CPU picked by the
+    runner's PID, so that runs side by side do not all crowd onto the first.)"""
     lanes = len(devices)
     available = sorted(os.sched_getaffinity(0))
     shares = [None] if lanes < 2 else [tuple(available[lane::lanes]) or (available[lane % len(available)],)
                                        for lane in range(lanes)]
-    return [(share or tuple(available))[:CPU_THREADS] if device.partition(":")[0] == "cpu" else share
-            for device, share in zip(devices, shares)]
+    start = os.getpid() % len(available)
+    return [(share or tuple(available[start:] + available[:start]))[:CPU_THREADS]
+            if device.partition(":")[0] == "cpu" else share for device, share in zip(devices, shares)]
 
 
 class DeviceOut(Exception):

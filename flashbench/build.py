@@ -260,10 +260,6 @@ def load_entry_point(folder: Path, solution: Solution, cache_dir: Path) -> Calla
     return function
 
 
-# The modules _import_python registered under an entry file's own name, by that name.
-_OWN_NAMES: dict[str, object] = {}
-
-
 def _import_python(folder: Path, solution: Solution):
     sys.path.insert(0, str(folder))  # lets a solution import its sibling files
     name = f"flashbench_solution_{content_hash(folder)}"
@@ -274,28 +270,32 @@ def _import_python(folder: Path, solution: Solution):
     # `python -c "import kernel"`: a sibling that imports it back (a circular import Python allows) gets this
     # module, half run, and not a second copy, whose own `from helper import f` found helper half run and failed.
     own = _own_module_name(folder, solution.entry_file)
-    if own in sys.modules and sys.modules[own] is not _OWN_NAMES.get(own):
+    if own in sys.modules and not sys.modules[own].__name__.startswith("flashbench_solution_"):
         own = None  # a module of that name is imported already (the standard library's, a package's)
     if own is not None:
-        sys.modules[own] = _OWN_NAMES[own] = module
+        sys.modules[own] = module
     try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:
-        if own is not None and sys.modules.get(own) is module:
-            del sys.modules[own]  # as a failed import leaves it
-        if isinstance(exc, SystemExit):
-            raise BuildError(f"{solution.entry_file} calls sys.exit({exc.code!r}) at import") from None
-        if isinstance(exc, Exception):
-            raise BuildError(f"importing {solution.entry_file} failed: {exc!r}") from exc
-        raise
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            if own is not None and sys.modules.get(own) is module:
+                del sys.modules[own]  # as a failed import leaves it
+            raise
+    except SystemExit as exc:
+        raise BuildError(f"{solution.entry_file} calls sys.exit({exc.code!r}) at import") from None
+    except Exception as exc:
+        raise BuildError(f"importing {solution.entry_file} failed: {exc!r}") from exc
     return module
 
 
 def _own_module_name(folder: Path, entry_file: str) -> str | None:
     """The name `import` finds a top-level entry file by (kernel.py: kernel); None for one in a subfolder (its
-    package would have to be imported first), or where that name finds something else (a package kernel/)."""
+    package would have to be imported first), or where that name finds something else (a package kernel/, a
+    built-in module, found before the folder)."""
     path = PurePosixPath(entry_file)
     if len(path.parts) != 1 or path.suffix != ".py" or not path.stem.isidentifier():
+        return None
+    if path.stem in sys.builtin_module_names:
         return None
     found = importlib.machinery.PathFinder.find_spec(path.stem, [str(folder)])
     if found is None or found.origin is None or Path(found.origin) != folder / path:

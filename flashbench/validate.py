@@ -108,7 +108,8 @@ def _check_solution(repo: Repo, path: Path) -> None:
     folder = load_solution_folder(path)
     solution = folder.solution
     manifest = path / "solution.yaml"
-    problem = folder_problem(path, solution, folder.shared)  # what run refuses before a worker starts
+    # what run refuses before a worker starts, and submit before it installs (a link out of a document too)
+    problem = folder_problem(path, solution, folder.shared)
     if problem:
         raise FlashbenchError(problem, path)
     try:

@@ -165,7 +165,8 @@ def test_a_package_in_a_pythonpath_folder_counts_and_is_never_imported(tmp_path,
 def imports(monkeypatch):
     """sys.path, sys.modules and the entry modules' own names as they were, after the test's imports."""
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(build, "_OWN_NAMES", {}, raising=False)
+    for name in ("kernel", "helper", "util"):  # an earlier test's solution, loaded in this process
+        monkeypatch.delitem(sys.modules, name, raising=False)
     before = set(sys.modules)
     yield
     for name in set(sys.modules) - before:
@@ -194,6 +195,26 @@ def test_an_entry_file_never_hides_a_module_of_its_name(tmp_path, imports):
     for entry in ("json.py", "sub/kernel.py", "util.py"):
         assert build.load_entry_point(tmp_path, solution(entry_point=f"{entry}::run"), tmp_path / "build")(1) == 1
     assert sys.modules["json"] is json and "kernel" not in sys.modules and "util" not in sys.modules
+
+
+def test_a_second_solution_loaded_in_the_process_gets_its_own_entry_module(tmp_path, imports):
+    """api.best() loads several solutions in one process: each sibling's `import kernel` is its own entry."""
+    for scale in (2, 5):
+        folder = tmp_path / f"s{scale}"
+        folder.mkdir()
+        (folder / "kernel.py").write_text(f"from helper import scaled\n\nSCALE = {scale}\n\n\ndef run(x):\n"
+                                          "    return scaled(x)\n")
+        (folder / "helper.py").write_text("import kernel\n\n\ndef scaled(x):\n    return x * kernel.SCALE\n")
+        for name in ("helper",):  # the first solution's sibling, as a worker for the second would not have it
+            sys.modules.pop(name, None)
+        assert build.load_entry_point(folder, solution(), folder / "build")(1) == scale
+
+
+def test_a_builtin_module_name_is_never_taken_by_an_entry_file(tmp_path, imports):
+    name = next(n for n in sys.builtin_module_names if n.isidentifier() and n not in sys.modules)
+    (tmp_path / f"{name}.py").write_text(KERNEL)
+    assert build.load_entry_point(tmp_path, solution(entry_point=f"{name}.py::run"), tmp_path / "build")(1) == 1
+    assert name not in sys.modules or not sys.modules[name].__name__.startswith("flashbench_solution_")
 
 
 def test_an_entry_file_that_fails_to_import_leaves_no_module_of_its_name(tmp_path, imports):

@@ -317,7 +317,6 @@ def test_an_output_that_is_an_input_is_rejected(worker_job, expected):
         store(worker_job, (expected["output"].clone(), worker_job.inputs.sets[0]["kv_indptr"].view(torch.float32)[:3]))
 
 
-
 def test_an_expanded_output_beside_an_input_is_no_view_of_it():
     """An output of one value expanded (stride 0) covers one element's bytes, not numel x size of them: counted so,
     one stored just below the arena read as a view of an input. A strided view into an input still counts."""

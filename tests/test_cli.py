@@ -87,14 +87,14 @@ def test_show_and_list_print_a_definitions_words_as_text(root):
     assert "?]52;c;AAAA?" in listed.output and "\x1b" not in listed.output
 
 
-def test_an_error_naming_a_hostile_folder_is_one_line_of_text(tmp_path):
+def test_an_error_naming_a_hostile_folder_is_one_line_of_text(root, tmp_path_factory):
     """A FlashbenchError names the file: a folder's escape sequences reached the terminal through it."""
-    folder = tmp_path / "x\x1b]0;title\x1b\\"
+    folder = tmp_path_factory.mktemp("hostile") / "x\x1b]0;title\x1b\\"
     shutil.copytree(REPO / "solutions" / DECODE / "torch_vectorized", folder)
     with open(folder / "solution.yaml", "a") as manifest:
         manifest.write("oops: 1\n")
-    for command in ("validate", "submit"):
-        result = invoke(REPO, command, str(folder))
+    for command in ("validate", "submit"):  # in a copy of the repository: a submit that got through writes there
+        result = invoke(root, command, str(folder))
         assert result.exit_code == 2, result.output
         assert "x?]0;title?\\/solution.yaml: oops: unknown key" in result.stderr and "\x1b" not in result.output
 

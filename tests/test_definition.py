@@ -394,3 +394,7 @@ def test_plain_tags_and_authors_are_kept(tmp_path):
     assert solution.tags == ["baseline", "library:flashmla", "v1.2"] and solution.author.startswith("Jane")
     path.write_text(yaml.safe_dump({**SOLUTION_MANIFEST, "author": "José Núñez, 李"}, allow_unicode=True))
     assert load_model(Solution, path).author == "José Núñez, 李"  # letters of any script: only format characters go
+    # the joiners Persian and Indic names need, a no-break space
+    for author in ("\u0645\u06cc\u200c\u0631\u0627", "\u0915\u094d\u200d\u0937", "Jane\u00a0Doe"):
+        path.write_text(yaml.safe_dump({**SOLUTION_MANIFEST, "author": author}, allow_unicode=True))
+        assert load_model(Solution, path).author == author

@@ -2,6 +2,7 @@
 generated and bound, as `flashbench validate` does) and the same seed gives the same workloads."""
 
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 
@@ -16,13 +17,13 @@ fuzz = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fuzz)
 
 
-def fuzzed_copy(tmp_path: Path, monkeypatch, seed: int) -> Path:
-    """A copy of the repository's definitions (and the references they name) with one random workload
+def fuzzed_copy(tmp_path: Path, monkeypatch, seed: int, per: int = 1) -> Path:
+    """A copy of the repository's definitions (and the references they name) with `per` random workloads
     appended to each set."""
     for folder in ("definitions", "references"):
         shutil.copytree(ROOT / folder, tmp_path / folder)
     monkeypatch.setattr(fuzz, "DEFINITIONS", tmp_path / "definitions")
-    fuzz.main(seed, 1)
+    fuzz.main(seed, per)
     return tmp_path
 
 
@@ -47,3 +48,14 @@ def test_the_same_seed_gives_the_same_workloads(tmp_path, monkeypatch):
     second = fuzz_workloads(fuzzed_copy(tmp_path / "b", monkeypatch, seed=5))
     other = fuzz_workloads(fuzzed_copy(tmp_path / "c", monkeypatch, seed=6))
     assert first == second and first != other
+
+
+
+def test_seed_11_gives_the_workloads_of_the_committed_sweep(tmp_path, monkeypatch):
+    """docs/peers.md's sweep resumed across versions of the tool: seed 11 still gives every workload its traces
+    name (a change to the draws would orphan them)."""
+    drawn = {w["uuid"] for found in fuzz_workloads(fuzzed_copy(tmp_path, monkeypatch, seed=11, per=4)).values()
+             for w in found}
+    traced = {json.loads(line)["workload"] for path in (ROOT / "docs/data/fuzz_h100").glob("*.jsonl")
+              for line in path.read_text().splitlines()}
+    assert len(traced) > 40 and traced <= drawn

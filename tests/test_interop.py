@@ -820,3 +820,22 @@ def test_an_evaluator_other_than_allclose_survives_export_and_import():
     assert definition.evaluator.kind == "sampling"
     record = definition_to_fib(definition, "def run(): pass\n")
     assert Definition.model_validate(definition_to_ours(record)).evaluator == definition.evaluator
+
+
+def test_one_trace_flashbench_refuses_is_skipped_alone(tmp_path):
+    """A trace of solution '-phantom' (a name no folder may start with '-') and one of a solution whose author
+    holds a right-to-left override made the whole definition fail: 'nothing of it imported'."""
+    root = make_dataset(tmp_path / "fib")
+    write(root / "solutions/eve/mla_paged" / DEF / "mirror.json",
+          solution("mirror", "eve\u202e", "python", {"main.py": PY_SOLUTION}, "main.py::run",
+                   destination_passing_style=False))
+    extra = [{"definition": DEF, "workload": captured(), "solution": name, "evaluation": passed()}
+             for name in ("-phantom", "mirror")]
+    write(root / "traces/mla_paged" / f"{DEF}.jsonl", traces() + extra)
+    repo = empty_repo(tmp_path / "repo")
+    result = cli("import-fib", root, "--root", repo, "--source", "fib", "--json")
+    assert result.exit_code == 0, result.output
+    summary = Summary.model_validate_json(result.stdout)
+    names = {t.solution for t in read_traces(imported_trace_dir(repo, "fib") / "nvidia_h100" / f"{DEF}.jsonl")}
+    assert {"py_loop", "phantom"} <= names and "mirror" not in names
+    assert any("line 6: not imported: author" in why for why in rows(summary, DEF, "trace", "skipped"))

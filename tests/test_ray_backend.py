@@ -16,7 +16,7 @@ from flashbench import FlashbenchError, Repo
 from flashbench.cli import main
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
 from flashbench.run import ray_backend
-from flashbench.run.jobs import JudgeConfig
+from flashbench.run.jobs import JobJudge, JudgeConfig
 from flashbench.run.plan import Job
 from flashbench.run.ray_backend import TRIES, RayBackend, TaskAnswer, job_task
 from flashbench.run.session import JobOutcome
@@ -98,10 +98,15 @@ def task_setting(repo_copy, shared_cache, tmp_path_factory):
     return config, {c.solution.name: c for c in candidates}, workload
 
 
-def test_a_task_judges_its_job_in_a_worker_of_its_own(task_setting, shared_cache):
+def test_a_task_judges_its_job_in_a_worker_of_its_own(task_setting, shared_cache, monkeypatch):
     config, candidates, workload = task_setting
+    started = []
+    start_worker = JobJudge.start_worker
+    monkeypatch.setattr(JobJudge, "start_worker", lambda self, candidate, device, cpus=None: started.append(cpus)
+                        or start_worker(self, candidate, device, cpus))
     answer = TaskAnswer.model_validate_json(job_task(config, Job(0, candidates["correct_dps"], workload), "cpu"))
     assert answer.device_error == "" and answer.outcome.status == "PASSED" and answer.outcome.timing
+    assert [len(cpus) for cpus in started] == [1]  # a CPU task's worker keeps to one CPU, as a local lane's
     assert answer.environment["device"] == "cpu" and answer.environment["hardware"] == config.hardware
     workers = shared_cache / "workers"
     assert not workers.exists() or list(workers.iterdir()) == []  # the task closed its worker

@@ -12,7 +12,9 @@ from safetensors.torch import save_file
 
 from flashbench import BindingError, Repo, Workload, bind_axes, generate_inputs, validate
 from flashbench.model import Lengths, PagedKV
+from flashbench.model.workload import RandomInput
 from flashbench.workloads import GENERATORS, sample_lengths
+from flashbench.workloads.tensors import random_tensor
 
 REPO = Path(__file__).resolve().parents[1]
 DECODE = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -563,3 +565,19 @@ def test_a_workload_uuid_that_is_no_plain_name_is_refused(uuid):
     """Exports name files after it: a uuid with `..` ended `export-fib --index-blobs` with a traceback."""
     with pytest.raises(ValidationError, match="uuid"):
         Workload.model_validate({"uuid": uuid})
+
+
+@pytest.mark.parametrize("spec", [RandomInput(type="random", mean=0.5, std=3.0),
+                                  RandomInput(type="random", distribution="uniform", low=-2.0, high=7.0)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_random_tensor_holds_the_values_the_out_of_place_formula_gives(spec, dtype):
+    """It scales and shifts in place (the windows' redraw on a CPU is a step the judge times and subtracts:
+    temporaries made it dearer than a worker's own rewrite); the values, so every `--seed`'s data, are those of
+    the formula it replaced."""
+    made = random_tensor(spec, [4096], dtype, seed=7, device="cpu")
+    generator = torch.Generator().manual_seed(7)
+    if spec.distribution == "uniform":
+        formula = torch.rand([4096], generator=generator) * (spec.high - spec.low) + spec.low
+    else:
+        formula = torch.randn([4096], generator=generator) * spec.std + spec.mean
+    assert torch.equal(made, formula.to(made.dtype))

@@ -17,7 +17,6 @@ from rich.table import Table
 from ..api import run_options, run_report
 from ..errors import FlashbenchError
 from ..model.run_report import HOST_CLOCK
-from ..model.trace import printable_line
 from ..registry import load_solution_folder
 from ..traces import TIMING_METHODS
 from ..run import (RunOptions, RunResult, Runner, device_threads_left, install_solution, sandbox, select_solutions,
@@ -245,7 +244,7 @@ def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, flus
     chosen = select_workloads(repo, name, list(workloads), options.device)
     invalid = [] if solutions else repo.invalid_solution_folders(name)  # all of them: the others still run
     for problem in invalid:
-        errors.print(f"skipped an invalid solution folder: {escape(printable_line(str(problem)))}", highlight=False)
+        errors.print(f"skipped an invalid solution folder: {shown(problem)}", highlight=False)
     with human_output(as_json):
         result, interrupted = execute(repo, name, folders, chosen, options)
     if as_json:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import yaml
+from pydantic import ValidationError
 
 from ..binding import BindingError
 from ..build import CACHE_DIR_NAME
@@ -31,6 +32,7 @@ from ..errors import FlashbenchError
 from ..model import (REFERENCE, Definition, OutputError, Performance, Trace, Workload, WorkloadSet, load_model,
                      parse_model)
 from ..model.definition import INTEGER_DTYPES
+from ..model.loading import validation_error
 from ..model.solution import SHARED_FOLDER
 from ..reference import load_reference
 from ..registry import WORKLOADS_SUFFIX, Repo, case_twin, load_solution_folder
@@ -417,7 +419,13 @@ class DefinitionImport:
             for number, record in self.records(path):
                 self.add_workload(definition, record.workload, f"{path}: line {number}")
                 if not record.is_workload_only:
-                    trace, why = self.trace_to_ours(record, path, number)
+                    try:
+                        trace, why = self.trace_to_ours(record, path, number)
+                    except ValidationError as exc:  # one record (an author flashbench refuses): that line alone
+                        problem = validation_error(exc, path)
+                        self.add("trace", "skipped", f"{path}: line {number}: not imported: "
+                                                     f"{': '.join(filter(None, (problem.field, problem.message)))}")
+                        continue
                     if trace.solution == REFERENCE:  # the reference's own come only from the export's side file
                         self.add("trace", "skipped", f"{path}: line {number}: a solution record may not be the "
                                                      f"definition's {REFERENCE!r}")

@@ -29,8 +29,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def safe_name(name: str) -> str:
-    """A name usable as a flashbench solution name and folder."""
-    return _UNSAFE.sub("_", name).strip("._") or "unnamed"
+    """A name usable as a flashbench solution name and folder (FOLDER_NAME: none starts with '-' or '.')."""
+    return _UNSAFE.sub("_", name).lstrip("._-").rstrip("._") or "unnamed"
 
 
 @dataclass

@@ -60,13 +60,13 @@ from .compare import Comparison, compare, compare_solutions
 from .formats import by_workload_display, comparison_display, ranking_display, results_display
 from .html import html_page
 from .report import benchmark_table, markdown_report, report_board
-from .results import (belonging, current_results, latest_results, mark_stale, read_results, solution_hashes, traces_frame,
-                      with_speed_of_light)
+from .results import (belonging, current_results, latest_results, mark_stale, read_results, solution_hashes,
+                      traces_frame, with_speed_of_light)
 
 __all__ = [
-    "UNTIMED_TAGS", "Board", "Comparison", "belonging", "benchmark_table", "board_colours", "build_board", "build_boards",
-    "by_workload_display", "compare", "compare_solutions", "comparison_display", "current_results", "html_page",
-    "is_timed", "latency_chart", "latest_results", "leaderboards", "mark_stale", "markdown_report", "ranking_display",
-    "read_results", "report_board", "results_display", "roofline_chart", "save_charts", "solution_colours",
-    "solution_hashes", "split_by_hardware", "traces_frame", "with_speed_of_light",
+    "UNTIMED_TAGS", "Board", "Comparison", "belonging", "benchmark_table", "board_colours", "build_board",
+    "build_boards", "by_workload_display", "compare", "compare_solutions", "comparison_display", "current_results",
+    "html_page", "is_timed", "latency_chart", "latest_results", "leaderboards", "mark_stale", "markdown_report",
+    "ranking_display", "read_results", "report_board", "results_display", "roofline_chart", "save_charts",
+    "solution_colours", "solution_hashes", "split_by_hardware", "traces_frame", "with_speed_of_light",
 ]

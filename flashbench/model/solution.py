@@ -1,6 +1,7 @@
 """solution.yaml: a solution folder's manifest (FlashInfer-Bench's solution spec, flattened)."""
 
 import re
+import unicodedata
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, model_validator
@@ -19,11 +20,16 @@ _VERSION_CLAUSE = r"(?:==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!]+"
 _DEPENDENCY = re.compile(rf"([A-Za-z0-9][A-Za-z0-9_-]*)\s*(?:{_VERSION_CLAUSE}(?:\s*,\s*{_VERSION_CLAUSE})*)?")
 
 
-def _printable(text: str) -> str:
-    """LABEL's pattern refuses control characters; a format character (U+202E reverses the text after it,
-    U+200B is invisible, U+2066 isolates) or a line separator is no more printable, and made names look alike."""
-    if not text.isprintable():
-        raise ValueError("must be printable: no format character (such as U+202E or U+200B) nor line separator")
+# Unicode categories a name may not hold: controls, format characters (U+202E reverses the text after it, U+200B
+# is invisible, U+2066 isolates: names that look alike), line and paragraph separators, unassigned and private.
+_UNSHOWN = {"Cc", "Cf", "Zl", "Zp", "Cn", "Co", "Cs"}
+_JOINERS = "\u200c\u200d"  # format characters that Persian and Indic names need
+
+
+def _shown_as_written(text: str) -> str:
+    """LABEL's pattern refuses ASCII and C1 control characters; this, the other characters not shown as they are."""
+    if any(unicodedata.category(ch) in _UNSHOWN and ch not in _JOINERS for ch in text):
+        raise ValueError("may not hold a control or format character (such as U+202E or U+200B) nor a line separator")
     return text
 
 
@@ -35,7 +41,7 @@ def _ascii(text: str) -> str:
     return text
 
 
-Label = Annotated[str, Field(pattern=LABEL), AfterValidator(_printable)]  # an author
+Label = Annotated[str, Field(pattern=LABEL), AfterValidator(_shown_as_written)]  # an author
 HardwareName = Annotated[str, Field(pattern=LABEL), AfterValidator(_ascii)]
 
 

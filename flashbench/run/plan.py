@@ -222,7 +222,7 @@ def install_solution(repo: Repo, folder: Path, ran_hash: str | None = None) -> P
     if target.resolve() == folder.resolve():
         return target
     _check_no_case_twin(target, loaded.path / "solution.yaml", "name")
-    for source in [loaded.path, *loaded.shared]:
+    for source in loaded.folders:
         _check_no_refused_link(source, loaded.path / "solution.yaml")
     shared = _shared_to_install(repo, loaded)
     for source, shared_target in shared:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from ..errors import FlashbenchError
 from .jobs import DeviceUnusable, JobJudge, JudgeConfig
 from .plan import Job
+from .pool import lane_cpus
 from .session import JobOutcome
 
 TRIES = 2  # tasks a job gets when its device fails
@@ -42,7 +43,9 @@ def job_task(config: JudgeConfig, job: Job, device: str) -> str:
         environment = judge.environment_of(device)
         if judge.lacks_clean_steps(job, device):  # before any solution code runs on the device
             judge.measure_clean_steps(job.workload, device)
-        worker = None if judge.known_failure(job.candidate) else judge.start_worker(job.candidate, device)
+        # A CPU task's worker keeps to one CPU, as a local CPU lane's (pool.lane_cpus)
+        worker = None if judge.known_failure(job.candidate) else judge.start_worker(job.candidate, device,
+                                                                                    lane_cpus([device])[0])
     except DeviceUnusable as exc:
         return TaskAnswer(device_error=str(exc)).model_dump_json()
     if worker is None:

@@ -340,9 +340,9 @@ class CallClock:
 
 
 class LinkedRedraw:
-    """What a call's redraw takes from its link and its keys (a row of link_keys): a rotation (on a GPU an
-    index of n positions, on a CPU its shift: rotated; window_shifts) for each of `lengths`, and the sign-bit
-    mask of `width` query columns (negated_columns) for each word size in `sizes`, and a factor in [1, 2)
+    """What a call's redraw takes from its link and its keys (a row of link_keys): a rotation (window_shifts; on
+    a GPU an index of n positions, on a CPU the shift itself, applied by `rotated`) for each of `lengths`, the
+    sign-bit mask of `width` query columns (negated_columns) for each word size in `sizes`, and a factor in [1, 2)
     (float32, from all 31 bits of the mix). About thirty small launches: on a GPU captured once in a CUDA
     graph and replayed, one launch for the host. Issued one by one, with the rest of the steps,
     they took the host longer than the device took for the flush and the call (on an H100 the steps read
@@ -355,11 +355,8 @@ class LinkedRedraw:
         # The graph reads its inputs from these and writes its outputs to the same tensors every replay.
         self._link = torch.zeros((), dtype=torch.int64, device=device)
         self._keys = torch.zeros(4, dtype=torch.int64, device=device)
-        # A GPU's rotations are indices of n positions (made in the graph, from the link on the device); a CPU's
-        # are their shifts, applied by slicing (rotated): an index of n int64 positions, made and gathered by,
-        # cost the host about 2 ms a 1 MiB window, more than the window's draw, and a worker that rotated its
-        # windows by slicing instead (the same bytes) ran its steps in 40% of the judge's time for them, which
-        # the judge subtracted as the steps' cost: PASSED at its forged clock's 1 µs (docs/threat_model.md).
+        # A GPU's rotations are indices made in the graph; a CPU's are shifts applied by slicing, the cheapest way
+        # to the same rows: the judge subtracts these steps' cost from a worker's batches (docs/threat_model.md).
         self._positions = [torch.arange(n, dtype=torch.int64, device=device) for n in lengths] if self._on_gpu else []
         self._graph = self._outputs = None
 
@@ -397,6 +394,7 @@ def rotated(source: torch.Tensor, rotation: torch.Tensor | int) -> torch.Tensor:
     """`source`'s rows rotated (LinkedRedraw): row i of the result is row (i + shift) % n of `source`, by an index
     of the n positions (a GPU's) or by slicing at the shift (a CPU's, an int): the same rows."""
     if isinstance(rotation, int):
+        rotation %= max(source.shape[0], 1)
         return torch.cat((source[rotation:], source[:rotation]))
     return source.index_select(0, rotation)
 
@@ -406,6 +404,7 @@ def rotated_copies(target: torch.Tensor, source: torch.Tensor,
     """(target, source) pairs whose copies write `source`'s rows rotated into `target`: with a shift, its two
     slices straight into place (no rotated copy made first)."""
     if isinstance(rotation, int):
+        rotation %= max(source.shape[0], 1)
         count = source.shape[0] - rotation
         return [(target[:count], source[rotation:]), (target[count:], source[:rotation])]
     return [(target, source.index_select(0, rotation))]

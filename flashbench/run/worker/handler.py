@@ -108,7 +108,7 @@ class Job:
         flush_buffer = None if request.layout.flush is None else views(memory, {"flush": request.layout.flush})["flush"]
         self.flush = L2Flush(request.flush, self.device, request.flush_bytes, flush_buffer)
         self.clock = CallClock(self.device, len(self.slots))  # a batch has at most one call per slot
-        self.returned: dict | None = None
+        self.returned = None  # what the last call returned, IN_SLOT for a destination-passing one
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.links: list = []  # the last batch's, one per call (run_batch)
         self.flushed: list = []

@@ -137,13 +137,22 @@ def check_signature_statically(source: Path, function: str, expected: list[str],
     the judge reads a folder's files, never through a link nor past the size limit, and a source the parser
     cannot hold, one of 100 KB of nested operators, say, is an error, not a crash)."""
     try:
-        tree = ast.parse(read_file(source), filename=str(source))
+        text = read_file(source)
     except FolderError as exc:
         raise FlashbenchError(exc.message, manifest, "entry_point") from None
+    check_source_statically(text, source.name, function, expected, manifest, "entry_point")
+
+
+def check_source_statically(text: str | bytes, label: str, function: str, expected: list[str], where: object,
+                            field: str) -> None:
+    """check_signature_statically on a source in hand (`label` names it in errors): an imported definition's
+    reference is checked this way, never run."""
+    try:
+        tree = ast.parse(text, filename=label)
     except SyntaxError as exc:
-        raise FlashbenchError(f"{source.name} line {exc.lineno}: {exc.msg}", manifest, "entry_point") from None
+        raise FlashbenchError(f"{label} line {exc.lineno}: {exc.msg}", where, field) from None
     except (ValueError, MemoryError, RecursionError) as exc:
-        raise FlashbenchError(f"{source.name} cannot be parsed: {type(exc).__name__}", manifest, "entry_point") from None
+        raise FlashbenchError(f"{label} cannot be parsed: {type(exc).__name__}", where, field) from None
     rebound = False
     for node in _module_level(tree.body):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -161,12 +170,12 @@ def check_signature_statically(source: Path, function: str, expected: list[str],
             if names[:len(expected)] != expected or required > len(expected) or None in args.kw_defaults:
                 raise FlashbenchError(
                     f"{function} takes ({', '.join(names)}) but must take ({', '.join(expected)}), in that order "
-                    f"(more parameters only with defaults)", manifest, "entry_point",
+                    f"(more parameters only with defaults)", where, field,
                 )
             return
     if rebound:  # `from impl import run`, `run = torch.compile(f)`: a callable the import alone can tell
         return
-    raise FlashbenchError(f"{source.name} defines no top-level function {function!r}", manifest, "entry_point")
+    raise FlashbenchError(f"{label} defines no top-level function {function!r}", where, field)
 
 
 def _module_level(body: list) -> Iterator:

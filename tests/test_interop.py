@@ -484,6 +484,117 @@ def test_a_dataset_trace_cannot_stand_for_the_reference(tmp_path):
     assert "reference" not in {t.solution for t in imported} and imported
 
 
+def test_import_never_runs_a_definition_reference(tmp_path):
+    """A downloaded dataset is data: its reference is checked by reading it (a `run` of the inputs), never run."""
+    dataset = make_dataset(tmp_path / "fib")
+    marker = tmp_path / "ran"
+    ran = add_definition() | {"reference": f"open({str(marker)!r}, 'w').close()\n\n\ndef run(a, b):\n    return a\n"}
+    write(dataset / "definitions/elementwise/fp32/nested" / f"{ADD}.json", ran)
+    wrong = definition() | {"reference": f"open({str(marker)!r}, 'w').close()\n\n\ndef run(a):\n    return a\n"}
+    write(dataset / "definitions/mla_paged" / f"{DEF}.json", wrong)
+    summary = import_fib(dataset, empty_repo(tmp_path / "repo"), "fib")
+    assert not marker.exists()
+    assert rows(summary, ADD, "definition", "imported")
+    (failed,) = rows(summary, DEF, "definition", "failed")
+    assert "run takes (a) but must take (q_nope" in failed
+
+
+def test_a_second_dataset_cannot_replace_a_definition_an_earlier_import_wrote(tmp_path):
+    """A JSON definition here is the repository's like any other: never replaced, whatever its file's name."""
+    repo = empty_repo(tmp_path / "repo")
+    import_fib(make_dataset(tmp_path / "first"), repo, "first")
+    path = repo / "definitions/elementwise" / f"{ADD}.json"
+    before = path.read_bytes()
+    second = make_dataset(tmp_path / "second")
+    lax = add_definition() | {"reference": "def run(a, b):\n    return a * 0\n",
+                              "flashbench": {"tolerances": {"c": {"atol": 1e9, "rtol": 1e9}}}}
+    write(second / "definitions/elementwise/fp32/nested" / f"{ADD}.json", lax)
+    summary = import_fib(second, repo, "second")
+    assert path.read_bytes() == before
+    (kept,) = rows(summary, ADD, "definition", "unchanged")
+    assert "kept it" in kept
+    lax["inputs"]["a"]["dtype"] = "float16"
+    write(second / "definitions/elementwise/fp32/nested" / f"{ADD}.json", lax)
+    (failed,) = rows(import_fib(second, repo, "second"), ADD, "definition", "failed")
+    assert "inputs.a.dtype" in failed and path.read_bytes() == before
+
+
+def test_import_reads_no_file_through_a_link_out_of_the_dataset_nor_a_fifo(tmp_path):
+    dataset = make_dataset(tmp_path / "fib")
+    outside = write(tmp_path / "outside.json", add_definition() | {"name": "stolen"})
+    (dataset / "definitions/stolen.json").symlink_to(outside)
+    blob = dataset / BLOB
+    shutil.move(blob, tmp_path / "outside.safetensors")
+    blob.symlink_to(tmp_path / "outside.safetensors")
+    os.mkfifo(dataset / "traces/elementwise/fifo.jsonl")  # read, it blocked the import for ever
+    (dataset / "workloads/elementwise/zero.jsonl").symlink_to("/dev/zero")
+    repo = empty_repo(tmp_path / "repo")
+    summary = import_fib(dataset, repo, "fib")
+    assert "stolen" not in Repo(repo).names() and not list(repo.rglob("*.safetensors"))
+    ignored = " ".join(rows(summary, "", "file", "ignored"))
+    assert all(f"{name}: a link out of the dataset" in ignored for name in ("stolen.json", "fifo.jsonl", "zero.jsonl"))
+    (skipped,) = [w for w in rows(summary, DEF, "workload", "skipped") if CAPTURED in w]
+    assert "a link out of the dataset" in skipped
+
+
+def test_hostile_records_are_one_line_each_and_the_rest_comes_in(tmp_path):
+    """Each of these stopped the whole import with a traceback (or failed its whole definition)."""
+    dataset = make_dataset(tmp_path / "fib")
+    path = dataset / "solutions/dave/elementwise" / ADD / "add_torch.json"
+    record = json.loads(path.read_text())
+    manifest = ("name: add_torch\ndefinition: vector_add_f32\nauthor: dave\nlanguage: python\nentry_point: add.py::run\n"
+                "destination_passing_style: false\nshared: [lib]\n")
+    record["flashbench"] = {"name": "add_torch", "manifest": manifest, "solution_hash": "0", "shared": {"lib": ["x.py"]}}
+    write(path, record)  # a shared file that is none of its sources (KeyError)
+    long = solution("long_name", "eve", "python", {"add.py": "def run(a, b):\n    return a\n", "x" * 300: "y"},
+                    "add.py::run", definition=ADD, destination_passing_style=False)
+    write(dataset / "solutions/eve/long_name.json", long)  # OSError: the definition failed
+    huge = add_workload() | {"uuid": "5e1f0000-huge", "axes": {"n": 10**30}}  # TypeError from torch
+    over = add_workload() | {"uuid": "5e1f0000-over", "axes": {"n": 2**62}}  # RuntimeError from torch
+    with open(dataset / "workloads/elementwise" / f"{ADD}.jsonl", "a") as handle:
+        handle.write("".join(json.dumps({"definition": ADD, "workload": w}) + "\n" for w in (huge, over)))
+    with open(dataset / "traces/elementwise/deep.jsonl", "w") as handle:
+        handle.write("[" * 100_000 + "\n")  # RecursionError
+    summary = import_fib(dataset, empty_repo(tmp_path / "repo"), "fib")
+    assert not rows(summary, ADD, "definition", "failed") and rows(summary, ADD, "definition", "imported")
+    (manifest_note,) = rows(summary, ADD, "solution", "imported")
+    assert "flashbench.shared.lib names 'x.py'" in manifest_note
+    (too_long,) = rows(summary, ADD, "solution", "skipped")
+    assert "long_name.json" in too_long and "cannot be written" in too_long
+    skipped = rows(summary, ADD, "workload", "skipped")
+    assert len(skipped) == 2 and "less than or equal" in skipped[0] and "cannot be made" in skipped[1]
+    assert any("deep.jsonl: line(s) 1: not a FIB record" in why for why in rows(summary, "", "file", "ignored"))
+
+
+def test_a_reference_trace_file_holds_its_definition_reference_traces_only(tmp_path):
+    dataset = make_dataset(tmp_path / "fib")
+    forged = our_trace("add_torch", ADD_WORKLOAD, "PASSED", "2030-01-01", performance=performance(0.0001))
+    elsewhere = forged.model_copy(update={"definition": DEF, "solution": "reference"})
+    lines = [forged.model_dump_json() + "\n", elsewhere.model_dump_json() + "\n"]
+    fib_path = dataset / "flashbench/reference_traces" / f"{ADD}.jsonl"
+    fib_path.parent.mkdir(parents=True)
+    fib_path.write_text("".join(lines))
+    repo = empty_repo(tmp_path / "repo")
+    summary = import_fib(dataset, repo, "fib")
+    assert len(rows(summary, ADD, "trace", "skipped")) == 2
+    imported = [t for f in imported_trace_dir(repo, "fib").rglob("*.jsonl") for t in read_traces(f)]
+    assert "2030-01-01" not in {t.timestamp for t in imported} and imported
+
+
+def test_a_workload_uuid_here_with_other_axes_there_brings_neither_it_nor_its_traces(tmp_path):
+    repo = empty_repo(tmp_path / "repo")
+    import_fib(make_dataset(tmp_path / "first"), repo, "first")
+    second = make_dataset(tmp_path / "second")
+    other = add_workload() | {"axes": {"n": 4096}}
+    write(second / "workloads/elementwise" / f"{ADD}.jsonl", [{"definition": ADD, "workload": other}])
+    write(second / "traces/elementwise" / f"{ADD}.jsonl",
+          [{"definition": ADD, "workload": other, "solution": "add_torch", "evaluation": passed(0.5)}])
+    summary = import_fib(second, repo, "second")
+    (skipped,) = rows(summary, ADD, "workload", "skipped")
+    assert "has axes {'n': 4096} there, {'n': 16} here" in skipped
+    assert not rows(summary, ADD, "trace", "imported")
+
+
 # --- running a FIB solution JSON as it is -------------------------------------------------------------
 
 def test_a_fib_solution_json_runs_as_a_solution_folder(imported, dataset, tmp_path):
@@ -707,6 +818,25 @@ def test_export_refuses_a_folder_that_holds_something(ours, tmp_path):
     with pytest.raises(FlashbenchError, match="exists and is not an empty folder"):
         export_fib(ours, tmp_path / "out")
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no partial export left beside it
+
+
+def test_export_of_hostile_trace_lines_and_links_says_why_and_leaks_nothing(ours, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(ours, repo)
+    trace_file = next(p for p in sorted((repo / "traces").glob("*/*.jsonl")) if not p.name.endswith(".graph.jsonl"))
+    definition = trace_file.name.removesuffix(".jsonl")
+    other = next(n for n in Repo(repo).names() if n != definition)
+    stray = read_traces(trace_file)[0].model_copy(update={"definition": other, "timestamp": "stray"})
+    with open(trace_file, "a") as handle:
+        handle.write(stray.model_dump_json() + "\n" + "[" * 100_000 + "\n")  # KeyError, RecursionError
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the host's secret")
+    folder = Repo(repo).solution_folders(definition)[0].path
+    (folder / "leak.py").symlink_to(secret)
+    summary = export_fib(repo, tmp_path / "out")
+    assert f"is a trace of {other}" in " ".join(rows(summary, definition, "trace", "skipped"))
+    assert "leak.py: a link out" in " ".join(rows(summary, definition, "solution", "exported"))
+    assert not any(b"the host's secret" in p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file())
 
 
 # --- conversions -----------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ class Exporter:
             pairs |= {(name, f.solution.name) for f in self.repo.solution_folders(name)}
             for path in self.trace_files.get(name, []):
                 for _, line in fib.read_jsonl_lines(path):
-                    with contextlib.suppress(ValueError, AttributeError):
+                    with contextlib.suppress(ValueError, AttributeError, RecursionError):
                         pairs.add((name, json.loads(line).get("solution")))
         return {(d, s) for d, s in pairs if isinstance(s, str) and s != REFERENCE}
 
@@ -248,6 +248,9 @@ class DefinitionExport:
                         trace = Trace.model_validate_json(line)
                     except ValidationError:
                         self.add("trace", "skipped", f"{path}: line {number} is not a valid trace")
+                        continue
+                    if trace.definition != d.name:  # its solution has no FIB name: the export stopped (KeyError)
+                        self.add("trace", "skipped", f"{path}: line {number} is a trace of {trace.definition}")
                         continue
                     key = (trace.solution, trace.workload, trace.hardware, trace.timestamp)
                     if key in written:

@@ -32,11 +32,12 @@ from ..errors import FlashbenchError
 from ..model import (REFERENCE, Definition, OutputError, Performance, Trace, Workload, WorkloadSet, load_model,
                      parse_model)
 from ..model.definition import INTEGER_DTYPES
-from ..model.loading import validation_error
+from ..model.loading import read_bounded, validation_error
 from ..model.solution import SHARED_FOLDER
-from ..reference import load_reference
+from ..reference import reference_file
 from ..registry import WORKLOADS_SUFFIX, Repo, case_twin, load_solution_folder
 from ..traces import hardware_slug, read_traces, trace_file_name
+from ..validate import check_source_statically
 from ..workloads import check_workload
 from . import fib_model as fib
 from .fib_solution import (FolderPlan, check_folder, holds_exactly, plan_folder, safe_name, same_files, write_files,
@@ -88,6 +89,7 @@ class Dataset:
     solutions: dict[str, SolutionFile] = field(default_factory=dict)  # by FIB name: unique dataset-wide
     workload_files: dict[str, list[Path]] = field(default_factory=lambda: defaultdict(list))
     trace_files: dict[str, list[Path]] = field(default_factory=lambda: defaultdict(list))
+    references: dict[str, Path] = field(default_factory=dict)  # flashbench's reference traces, by definition
     timing: str = "events"  # how its traces were timed: an export of graph timings says so in flashbench.json
 
     def names(self) -> set[str]:
@@ -96,15 +98,35 @@ class Dataset:
 
     def reference_traces(self) -> dict[str, Path]:
         """flashbench's reference traces of an export (FIB has no place for them)."""
-        return {p.stem: p for p in sorted(fib.reference_traces_folder(self.root).glob("*.jsonl"))}
+        return self.references
+
+
+def dataset_files(root: Path, pattern: str, summary: Summary) -> list[Path]:
+    """The files under `root` that `pattern` matches and that are files of the dataset: a link out of it (to
+    /etc/passwd, to a file of the user's) is not read, nor a FIFO or a device (a link to /dev/zero is one
+    endless line), which hung the import; each is ignored with a note."""
+    found = []
+    for path in sorted(root.glob(pattern)):
+        if path.resolve().is_relative_to(root) and path.is_file():
+            found.append(path)
+        elif not path.is_dir() or path.is_symlink():
+            summary.add("", "file", "ignored", f"{path}: a link out of the dataset or not a regular file; not read")
+    return found
+
+
+def inside(root: Path, path: Path) -> bool:
+    """A regular file of the dataset at `root` (resolved), not reached through a link out of it."""
+    return path.resolve().is_relative_to(root) and path.is_file()
 
 
 def scan(root: Path, summary: Summary) -> Dataset:
     found = Dataset(root)
-    if (root / fib.SIDE_FILE).is_file():
-        side = _read_or_note(fib.SideFile, root / fib.SIDE_FILE, "flashbench side file", summary)
+    for path in dataset_files(root, fib.SIDE_FILE, summary):
+        side = _read_or_note(fib.SideFile, path, "flashbench side file", summary)
         found.timing = side.timing if side else found.timing
-    for path in sorted(root.glob("definitions/**/*.json")):
+    references = fib.reference_traces_folder(root).relative_to(root).as_posix()
+    found.references = {p.stem: p for p in dataset_files(root, f"{references}/*.jsonl", summary)}
+    for path in dataset_files(root, "definitions/**/*.json", summary):
         record = _read_or_note(fib.FibDefinition, path, "definition", summary)
         if record is None:
             continue
@@ -113,7 +135,7 @@ def scan(root: Path, summary: Summary) -> Dataset:
                                                          f"the first is {found.definitions[record.name]}")
         else:
             found.definitions[record.name] = path
-    for path in sorted(root.glob("solutions/**/*.json")):
+    for path in dataset_files(root, "solutions/**/*.json", summary):
         record = _read_or_note(fib.FibSolution, path, "solution", summary)
         if record is None:
             continue
@@ -124,7 +146,7 @@ def scan(root: Path, summary: Summary) -> Dataset:
         else:
             found.solutions[record.name] = SolutionFile(path, record.definition, record.author)
     for folder, files in (("workloads", found.workload_files), ("traces", found.trace_files)):
-        for path in sorted(root.glob(f"{folder}/**/*.jsonl")):
+        for path in dataset_files(root, f"{folder}/**/*.jsonl", summary):
             for name in record_definitions(path, set(found.definitions), summary):
                 files[name].append(path)
     return found
@@ -158,7 +180,7 @@ def record_definitions(path: Path, known: set[str], summary: Summary) -> set[str
 def definition_of(line: bytes) -> str | None:
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # 16 MiB of '[' is a line too: no record, not a crash of the import
         return None
     name = record.get("definition") if isinstance(record, dict) else None
     return name if isinstance(name, str) else None
@@ -220,6 +242,8 @@ class DefinitionImport:
         self.workload_set = self.load_workload_set(definition, ext)
         self.existing_uuids = {w.uuid for w in self.workload_set.workloads}
         self.workload_names = {w.uuid: w.name for w in self.workload_set.workloads}  # and those added
+        self.workload_axes = {w.uuid: w.axes for w in self.workload_set.workloads}
+        self.conflicting: set[str] = set()  # uuids the dataset uses for another workload than the one here
         self.stage_solutions(definition)
         for path in self.dataset.workload_files.get(self.name, []):
             for number, record in self.records(path):
@@ -243,20 +267,23 @@ class DefinitionImport:
         self.note_extra(path, record)
         data = definition_to_ours(record)
         definition = parse_model(Definition, data, path)
-        load_reference(definition, self.root, path)
+        check_reference(definition, self.root, path)
         if not _FOLDER_NAME.fullmatch(definition.op_type) or definition.op_type in (".", ".."):
             raise FlashbenchError(f"{definition.op_type!r} cannot be a folder name", path, "op_type")
         target = self.root / "definitions" / definition.op_type / f"{definition.name}.json"
-        if existing and existing.path != target:
+        text = json.dumps(data, indent=2) + "\n"
+        note = SAMPLING_NOTE if data.get("evaluator") == SAMPLES_EVALUATOR else ""
+        if existing and existing.path == target and target.read_bytes() == text.encode():
+            self.add("definition", "unchanged", note)
+        elif existing:
+            # Never replaced, wherever it is (an earlier import's JSON included): a second dataset swapped the
+            # reference, the dtypes and the tolerances of a definition the repository's solutions are judged by.
             difference = interface_difference(existing.definition, definition)
             if difference:
                 raise FlashbenchError(f"differs from {existing.path}: {difference}", path)
-            self.add("definition", "unchanged", f"the repository's {existing.path} has the same interface; kept it")
+            self.add("definition", "unchanged", f"the repository's {existing.path} has the same interface; kept it "
+                                                "(its reference, tolerances and evaluator too)")
             return existing.definition, self.repo.workloads_path(self.name), record.flashbench
-        text = json.dumps(data, indent=2) + "\n"
-        note = SAMPLING_NOTE if data.get("evaluator") == SAMPLES_EVALUATOR else ""
-        if target.is_file() and target.read_text() == text:
-            self.add("definition", "unchanged", note)
         else:
             self.staging.write_text(target.relative_to(self.root), text)
             self.add("definition", "imported", note)
@@ -285,6 +312,12 @@ class DefinitionImport:
 
     def add_workload(self, definition: Definition, record: fib.FibWorkload, where: str) -> None:
         uuid = record.uuid
+        if uuid in self.workload_names and uuid not in self.conflicting:
+            axes = record.flashbench.axes if record.flashbench else record.axes
+            if axes != self.workload_axes[uuid]:  # its traces were measured on other shapes than this uuid's here
+                self.conflicting.add(uuid)
+                self.add("workload", "skipped", f"{where}: workload {uuid} has axes {axes} there, "
+                                                f"{self.workload_axes[uuid]} here; neither it nor its traces imported")
         if uuid in self.rejected or uuid in self.workload_names:
             return
         try:
@@ -299,6 +332,7 @@ class DefinitionImport:
             self.add("blob", "imported")
         self.workload_set.workloads.append(workload)
         self.workload_names[uuid] = workload.name
+        self.workload_axes[uuid] = workload.axes
         self.add("workload", "imported")
 
     def blob_path(self, blob: PurePosixPath) -> Path:
@@ -392,10 +426,14 @@ class DefinitionImport:
                 continue
             if existing.is_dir():
                 shutil.copytree(existing, staged)  # for the checks only: not moved into the repository
-            else:
+                continue
+            try:
                 write_files(staged, files)
-                self.staging.add(relative)
-                staged_now.append(relative)
+            except (ValueError, OSError) as exc:  # the solution's folder then says why it cannot be written
+                shutil.rmtree(staged, ignore_errors=True)
+                return staged_now, f"shared folder {name} cannot be written: {exc}"
+            self.staging.add(relative)
+            staged_now.append(relative)
         return staged_now, None
 
     def stage_folder(self, definition: Definition, plan: FolderPlan, relative: Path, path: Path) -> str | None:
@@ -404,7 +442,8 @@ class DefinitionImport:
         try:
             write_folder(staged, plan)
             loaded = check_folder(staged, definition)
-        except (FlashbenchError, ValueError) as exc:
+        except (FlashbenchError, ValueError, OSError) as exc:  # OSError: a path too long here, say: this solution's
+            # problem, not its definition's
             shutil.rmtree(staged, ignore_errors=True)
             self.add("solution", "skipped", f"{path}: solution not imported: {getattr(exc, 'message', exc)}")
             return None
@@ -418,6 +457,8 @@ class DefinitionImport:
         for path in self.dataset.trace_files.get(self.name, []):
             for number, record in self.records(path):
                 self.add_workload(definition, record.workload, f"{path}: line {number}")
+                if record.workload.uuid in self.conflicting:
+                    continue
                 if not record.is_workload_only:
                     try:
                         trace, why = self.trace_to_ours(record, path, number)
@@ -434,7 +475,15 @@ class DefinitionImport:
         reference = self.dataset.reference_traces().get(self.name)
         if reference:
             for number, line in fib.read_jsonl_lines(reference):
-                writer.add(parse_trace(line, reference, number))
+                trace = parse_trace(line, reference, number)
+                # The file's name says whose reference it holds: any other line (another definition's, whose file
+                # this import does not own, or a solution's, with an author and a latency of the dataset's choosing)
+                # is no reference trace.
+                if (trace.definition, trace.solution) != (self.name, REFERENCE):
+                    self.add("trace", "skipped", f"{reference}: line {number}: not a trace of {self.name}'s "
+                                                 f"{REFERENCE!r} (it names {trace.solution} of {trace.definition})")
+                    continue
+                writer.add(trace)
         writer.stage()
 
     def trace_to_ours(self, record: fib.FibTrace, path: Path, number: int) -> tuple[Trace, str]:
@@ -527,6 +576,19 @@ def definition_to_ours(record: fib.FibDefinition) -> dict:
     return data
 
 
+def check_reference(definition: Definition, root: Path, path: Path) -> None:
+    """The reference's `run` and its parameters, read without running it: the dataset's code (an import
+    that loaded the reference ran whatever a downloaded dataset put at its top level)."""
+    if definition.reference_is_path:
+        source = reference_file(definition, root, path)
+        if not source.is_file():
+            raise FlashbenchError(f"reference file {source} does not exist", path, "reference")
+        text, label = read_bounded(source), source.name
+    else:
+        text, label = definition.reference, f"<reference of {definition.name}>"
+    check_source_statically(text, label, "run", list(definition.inputs), path, "reference")
+
+
 def samples_definition(record: fib.FibDefinition) -> bool:
     """Whether FIB's definition samples: op_type sampling (FIB's sampling references call
     torch.multinomial) with integer tensor outputs (sample ids), and no flashbench extension (an
@@ -564,6 +626,9 @@ def workload_to_ours(record: fib.FibWorkload, dataset: Path, where: str) -> tupl
             blob = fib.normalise_blob_path(descriptor.path)
             if blob is None:
                 raise ValueError(f"inputs.{name}: safetensors file {descriptor.path} is not inside the dataset")
+            if (dataset / blob).exists() and not inside(dataset, dataset / blob):
+                raise ValueError(f"inputs.{name}: safetensors file {descriptor.path} is a link out of the dataset "
+                                 "or not a regular file")
             if not (dataset / blob).is_file():  # FIB's git copy has no blob/: its blobs are published apart
                 raise ValueError(f"inputs.{name}: safetensors file {descriptor.path} is missing from the dataset")
             captured[name] = {"type": "safetensors", "path": str(blob), "tensor_key": descriptor.tensor_key}

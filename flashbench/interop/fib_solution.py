@@ -26,6 +26,7 @@ from . import fib_model as fib
 
 COMPILED_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+NAME_MAX = 255  # bytes of one file name on Linux and macOS file systems
 
 
 def safe_name(name: str) -> str:
@@ -91,6 +92,11 @@ def extension_mismatch(record: fib.FibSolution, ext: fib.SolutionExtension) -> s
         return f"its name is {ours.name!r}, flashbench.name {ext.name!r}"
     if sorted(ours.shared) != sorted(ext.shared):
         return f"it names shared folders {ours.shared}, flashbench.shared {sorted(ext.shared)}"
+    held = {s.path for s in record.sources} | set(ext.empty_files)
+    for name, paths in ext.shared.items():
+        stray = [path for path in paths if path not in held]
+        if stray:  # a file of no source: the import stopped on it (KeyError), every later definition with it
+            return f"flashbench.shared.{name} names {stray[0]!r}, which is none of the record's files"
     return None
 
 
@@ -132,7 +138,8 @@ def write_files(folder: Path, files: dict[str, str]) -> None:
         relative = PurePosixPath(path)
         # "." (or "") names the folder itself, and a path another lies under names a folder: neither is a file.
         if (relative.is_absolute() or not relative.parts or ".." in relative.parts or str(relative) == "solution.yaml"
-                or any(relative in other.parents for other in relatives)):
+                or any(relative in other.parents for other in relatives)
+                or any(len(part.encode()) > NAME_MAX for part in relative.parts)):
             raise ValueError(f"sources: path {path!r} cannot be written inside a solution folder")
     folder.mkdir(parents=True)
     for path, text in files.items():
@@ -214,6 +221,9 @@ def folder_to_fib(folder: SolutionFolder, fib_name: str) -> tuple[fib.FibSolutio
     sources, empty = [], []
     for relative, path in sorted(folder.files.items()):
         if relative == "solution.yaml":
+            continue
+        if path.is_symlink():  # walk_folder reads a link into the folder at its real path: this one leads out
+            notes.append(f"{relative}: a link out of the solution's folder; not exported (nor what it names)")
             continue
         try:
             content = path.read_bytes().decode()

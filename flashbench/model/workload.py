@@ -185,8 +185,9 @@ class Workload(Strict):
                       description="letters, digits, '-' and '_': exports name files after it")
     name: str = Field("", pattern=FOLDER_NAME_OR_NONE, description="a short human label, e.g. b64_l4096")
     tags: list[str] = Field([], description="'smoke' marks tiny workloads for CPU runs")
-    axes: dict[str, Annotated[int, Field(ge=0)]] = Field({}, description="var-axis values; others are bound from "
-                                                                       "generated inputs")
+    # At most int64's largest: a tensor's size is one (an axis of 10^30 crashed `import-fib` in torch.empty).
+    axes: dict[str, Annotated[int, Field(ge=0, le=2**63 - 1)]] = Field({}, description="var-axis values; others are "
+                                                                                     "bound from generated inputs")
     inputs: dict[str, InputDescriptor] = Field({}, description="inputs not listed are random normal")
     generate: list[GeneratorSpec] = []
 

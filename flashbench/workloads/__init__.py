@@ -86,6 +86,8 @@ def check_workload(definition: Definition, workload: Workload, base_dir: Path) -
         generate_inputs(definition, workload, seed=0, device="meta", base_dir=base_dir)
     except MemoryError as exc:  # index structure past this machine's memory (a page pool of 10^12)
         raise BindingError(f"its index structure does not fit in memory here: {str(exc)[:200]}") from None
+    except RuntimeError as exc:  # torch's own refusal of the shapes (a size past int64 in all): the workload's
+        raise BindingError(f"its inputs cannot be made: {str(exc).splitlines()[0][:200]}") from None
 
 
 def random_seed(seed: int, workload: Workload, name: str) -> int:

@@ -89,16 +89,13 @@ class Dataset:
     solutions: dict[str, SolutionFile] = field(default_factory=dict)  # by FIB name: unique dataset-wide
     workload_files: dict[str, list[Path]] = field(default_factory=lambda: defaultdict(list))
     trace_files: dict[str, list[Path]] = field(default_factory=lambda: defaultdict(list))
-    references: dict[str, Path] = field(default_factory=dict)  # flashbench's reference traces, by definition
+    # flashbench's reference traces of an export (FIB has no place for them), by definition
+    references: dict[str, Path] = field(default_factory=dict)
     timing: str = "events"  # how its traces were timed: an export of graph timings says so in flashbench.json
 
     def names(self) -> set[str]:
         return (set(self.definitions) | set(self.workload_files) | set(self.trace_files)
-                | {s.definition for s in self.solutions.values()} | set(self.reference_traces()))
-
-    def reference_traces(self) -> dict[str, Path]:
-        """flashbench's reference traces of an export (FIB has no place for them)."""
-        return self.references
+                | {s.definition for s in self.solutions.values()} | set(self.references))
 
 
 def dataset_files(root: Path, pattern: str, summary: Summary) -> list[Path]:
@@ -107,7 +104,7 @@ def dataset_files(root: Path, pattern: str, summary: Summary) -> list[Path]:
     endless line), which hung the import; each is ignored with a note."""
     found = []
     for path in sorted(root.glob(pattern)):
-        if path.resolve().is_relative_to(root) and path.is_file():
+        if inside(root, path):
             found.append(path)
         elif not path.is_dir() or path.is_symlink():
             summary.add("", "file", "ignored", f"{path}: a link out of the dataset or not a regular file; not read")
@@ -472,7 +469,7 @@ class DefinitionImport:
                                                      f"definition's {REFERENCE!r}")
                         continue
                     writer.add(trace, why)
-        reference = self.dataset.reference_traces().get(self.name)
+        reference = self.dataset.references.get(self.name)
         if reference:
             for number, line in fib.read_jsonl_lines(reference):
                 trace = parse_trace(line, reference, number)

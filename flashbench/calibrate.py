@@ -9,7 +9,7 @@ import torch
 
 from .environment import describe_environment, hardware_name
 from .model import Calibration, load_model
-from .traces import hardware_slug
+from .traces import hardware_slug, sole_writer
 
 CALIBRATION_FILE = "calibration.json"
 
@@ -45,8 +45,9 @@ def calibrate(device: str, root: Path, copy_bytes: int | None = None, matmul_siz
 
 def save_calibration(calibration: Calibration, trace_dir: Path) -> Path:
     path = calibration_path(trace_dir, calibration.hardware)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(calibration.model_dump_json(indent=2) + "\n")
+    with sole_writer(trace_dir):  # a run there would set it aside as a forgery
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(calibration.model_dump_json(indent=2) + "\n")
     return path
 
 

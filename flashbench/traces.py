@@ -8,6 +8,7 @@ a newline before the next append.
 """
 
 import contextlib
+import fcntl
 import os
 import re
 import sys
@@ -46,6 +47,28 @@ def check_writable(path: Path) -> None:
             pass
     except OSError as exc:
         raise FlashbenchError(f"cannot write traces: {exc.strerror}", path) from None
+
+
+@contextlib.contextmanager
+def sole_writer(trace_dir: Path):
+    """Held while a run writes under `trace_dir`, so that a second run there waits for it: a run takes any file
+    it did not write under its trace directory for a forgery and sets it aside, so two runs side by side would
+    set aside each other's records. Released when the holder ends, however it ends (a lock on the directory)."""
+    try:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(trace_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise FlashbenchError(f"cannot write traces: {exc.strerror}", trace_dir) from None
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another flashbench run writing traces under {trace_dir} to end "
+                  f"(with another --trace-dir they run side by side)", file=sys.stderr, flush=True)
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
 
 
 def append_trace(path: Path, trace: Trace) -> None:

@@ -1,6 +1,7 @@
 """The trace recorder: the only writer of traces; changes by anyone else are undone and reported."""
 
 import os
+import threading
 
 from flashbench.run.recorder import TRACE_FILE_CHANGED, UNTRUSTED_SUFFIX, TraceRecorder
 from flashbench.traces import read_traces
@@ -8,10 +9,10 @@ from flashbench.traces import read_traces
 from trace_factory import make_trace
 
 
-def recorder_in(tmp_path) -> TraceRecorder:
-    recorder = TraceRecorder(tmp_path / "traces" / "cpu_x86_64" / "op.jsonl", tmp_path / "traces", save=True)
-    recorder.open()
-    return recorder
+def recorder_in(tmp_path, definition: str = "op") -> TraceRecorder:
+    """An open recorder (its trace directory held to the end of the test)."""
+    return TraceRecorder(tmp_path / "traces" / "cpu_x86_64" / f"{definition}.jsonl", tmp_path / "traces",
+                         save=True).__enter__()
 
 
 def test_records_append_in_order(tmp_path):
@@ -65,3 +66,29 @@ def test_a_file_whose_metadata_alone_changed_is_not_set_aside(tmp_path):
     other.write_text(make_trace("forged", "w1").model_dump_json() + "\n")  # content changed: set aside
     recorder.record(make_trace("next", "w1"))
     assert not other.exists() and len(recorder.untrusted) == 1
+
+
+def test_a_second_run_into_the_same_trace_directory_waits_for_the_first(tmp_path, capsys):
+    """Two runs of different definitions into one trace directory: each would take the other's records for
+    forgeries and set them aside. The second waits for the first to end, then runs as usual."""
+    first = recorder_in(tmp_path, "first")
+    second = TraceRecorder(tmp_path / "traces" / "cpu_x86_64" / "second.jsonl", tmp_path / "traces", save=True)
+    entered = threading.Event()
+
+    def run_second():
+        with second:
+            entered.set()
+            second.record(make_trace("b", "w1"))
+
+    thread = threading.Thread(target=run_second)
+    thread.start()
+    while "waiting for another flashbench run" not in capsys.readouterr().err:
+        assert thread.is_alive() and not entered.is_set()
+        entered.wait(0.01)
+    first.record(make_trace("a", "w1"))
+    assert not entered.is_set()
+    first.__exit__(None, None, None)
+    thread.join()
+    assert entered.is_set() and not first.untrusted and not second.untrusted
+    assert [t.solution for t in read_traces(first.trace_file)] == ["a"]
+    assert [t.solution for t in read_traces(second.trace_file)] == ["b"]

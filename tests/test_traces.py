@@ -11,7 +11,7 @@ import pytest
 from flashbench import FlashbenchError, Repo
 from flashbench.build import HASH_LENGTH
 from flashbench.model import OutputError, Trace
-from flashbench.model.trace import printable_line
+from flashbench.model.trace import printable_line, printable_lines
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
 from flashbench.model import loading
 from flashbench.traces import append_trace, check_writable, hardware_slug, read_traces, trace_path
@@ -174,7 +174,7 @@ def test_unusual_characters_in_a_log_round_trip(tmp_path, text):
     append_trace(path, make_trace(1))
     traces = read_traces(path)
     assert [t.workload for t in traces] == ["w0", "w1"]
-    assert traces[0].log == text * 3
+    assert traces[0].log == printable_lines(text * 3)  # printable lines (below)
     assert traces[0].message == printable_line(text)  # the message is one printable line (below)
 
 
@@ -250,6 +250,16 @@ def test_a_trace_message_is_one_printable_line():
     forged = Trace.model_validate({**trace.model_dump(), "message": "Error\x1b]52;c;ZXZpbA==\x07\x1b[2K\nnext\tline"})
     assert forged.message == "Error?]52;c;ZXZpbA==??[2K next line" and forged.message.isprintable()
     assert Trace.model_validate({**trace.model_dump(), "message": "µs — ok"}).message == "µs — ok"
+
+
+def test_a_trace_log_keeps_its_lines_but_no_control_character():
+    """The log is the worker's output: kept as lines (a traceback stays readable), but a published trace printed
+    raw (`jq -r .log`, FlashInfer-Bench's evaluation log) must not set a terminal's title or clipboard."""
+    trace = make_trace(0, status="RUNTIME_ERROR")
+    log = "Traceback:\r\n\tline 1\n\x1b]52;c;ZXZpbA==\x07\x1b]0;pwned\x07\rreference PASSED\u202e"
+    forged = Trace.model_validate({**trace.model_dump(), "log": log})
+    assert forged.log == "Traceback:\n\tline 1\n?]52;c;ZXZpbA==??]0;pwned??reference PASSED?"
+    assert Trace.model_validate({**trace.model_dump(), "log": "µs — ok\n\tx"}).log == "µs — ok\n\tx"
 
 
 def test_a_record_the_disk_cannot_take_leaves_the_file_as_it_was_and_is_one_line(tmp_path, monkeypatch):

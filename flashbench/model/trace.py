@@ -52,6 +52,14 @@ def printable_line(text: str) -> str:
     return "".join(c if c.isprintable() else " " if c.isspace() else "?" for c in text)
 
 
+def printable_lines(text: str) -> str:
+    """`text` as lines of printable characters and tabs: a carriage return before a line break goes, any other
+    control character (one that could move the cursor or set a terminal's clipboard) becomes a '?'."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    return "\n".join(line if line.isprintable() else "".join(c if c.isprintable() or c == "\t" else "?" for c in line)
+                     for line in lines)
+
+
 class Trace(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -67,7 +75,7 @@ class Trace(BaseModel):
     hardware: HardwareName
     status: Status
     message: str = Field("", description="one line, printable: what a solution wrote into it cannot drive a terminal")
-    log: str = ""
+    log: str = Field("", description="the worker's output, last part; printable lines, as message")
     correctness: dict[str, OutputError] = {}
     performance: Performance | None = None
     environment: dict = {}
@@ -80,3 +88,8 @@ class Trace(BaseModel):
     @classmethod
     def _one_printable_line(cls, message: str) -> str:
         return printable_line(message)
+
+    @field_validator("log")
+    @classmethod
+    def _printable_lines(cls, log: str) -> str:
+        return printable_lines(log)

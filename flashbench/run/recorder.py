@@ -4,9 +4,11 @@ Before every append the trace file must hold exactly what this recorder last wro
 something else wrote it while solutions ran; it is put back and every job that could have done
 it is rejected. The rest of the trace directory is watched too: a file that appears or whose
 content changes during the run without this recorder writing it is renamed out of the boards' way
-(`*.untrusted`) and reported; one whose metadata alone changed stays.
+(`*.untrusted`) and reported; one whose metadata alone changed stays. So a run holds its trace directory
+(traces.sole_writer) and a second run there waits: each would set the other's records aside.
 """
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from ..errors import FlashbenchError
 from ..model import Trace
-from ..traces import append_trace, check_writable
+from ..traces import append_trace, check_writable, sole_writer
 
 TRACE_FILE_CHANGED = "the trace file changed while this solution ran; it was restored"
 UNTRUSTED_SUFFIX = ".untrusted"
@@ -39,15 +41,23 @@ class TraceRecorder:
         self._stamps: dict[Path, _Stamp] = {}
         self._digests: dict[Path, str | None] = {}  # the content each file had when last seen (by stamp)
         self.untrusted: list[Path] = []
+        self._writing = contextlib.ExitStack()
 
-    def open(self) -> None:
-        """Fail before any work if the trace file cannot be written; remember the directory as it is."""
-        if not self.save:
-            return
-        check_writable(self.trace_file)
-        self._written = self.trace_file.read_bytes()
-        self._stamps = _stamps(self.trace_dir)
-        self._digests = {path: _digest(path) for path in self._stamps}
+    def __enter__(self) -> "TraceRecorder":
+        """Wait for any other run writing the trace directory; fail before any work if the trace file cannot be
+        written; remember the directory as it is."""
+        if self.save:
+            with contextlib.ExitStack() as writing:  # released here should what follows fail
+                writing.enter_context(sole_writer(self.trace_dir))
+                check_writable(self.trace_file)
+                self._written = self.trace_file.read_bytes()
+                self._stamps = _stamps(self.trace_dir)
+                self._digests = {path: _digest(path) for path in self._stamps}
+                self._writing = writing.pop_all()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._writing.close()
 
     def record(self, trace: Trace) -> tuple[Trace, bool]:
         """Append `trace`; also whether the trace file had been changed by someone else (then it is

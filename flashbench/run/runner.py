@@ -80,8 +80,11 @@ class Runner:
         config = JudgeConfig.for_run(self.definition, self.repo.root, self.repo.definition_path(self.definition.name),
                                      self.options, self.hardware)
         judge = JobJudge(config, on_phase)
-        recorder = TraceRecorder(self.trace_file, self.trace_dir, self.options.save)
-        recorder.open()
+        with TraceRecorder(self.trace_file, self.trace_dir, self.options.save) as recorder:
+            return self._run(judge, config, recorder, chosen, workloads, advance)
+
+    def _run(self, judge: JobJudge, config: JudgeConfig, recorder: TraceRecorder, chosen: list[Candidate],
+             workloads: list[Workload], advance: Callable[[], None]) -> RunResult:
         calibration = load_calibration(self.trace_dir, self.hardware)
         result = RunResult(trace_file=self.trace_file, isolation=config.isolation,
                            workers_as=config.worker_account().describe())

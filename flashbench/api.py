@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
+from pydantic import ValidationError
 
 from .binding import bind_axes, output_shapes
 from .build import CACHE_DIR_NAME, BuildError, load_entry_point
@@ -29,6 +30,7 @@ from .dtypes import torch_dtype
 from .environment import hardware_name
 from .errors import FlashbenchError
 from .model import REFERENCE, Definition, RunReport, Solution, Trace, Workload
+from .model.loading import validation_error
 from .model.run_report import HOST_CLOCK
 from .registry import Repo, SolutionFolder
 from .run import RunOptions, RunResult, Runner, default_device, parse_devices, select_solutions, select_workloads
@@ -253,13 +255,16 @@ def run_options(device: str | None = None, warmup: int | None = None, iters: int
     pool = device_pool(device, devices, backend, address)
     device = pool[0] if pool else resolve_device(device)
     on_cpu = device == "cpu"
-    return RunOptions(
-        device=device, devices=pool, backend=backend, ray_address=address,
-        warmup=warmup if warmup is not None else (1 if on_cpu else 10),
-        iters=iters if iters is not None else (5 if on_cpu else 100), seed=seed, timeout=timeout,
-        timing=timing, resume=resume, save=save, trace_dir=Path(trace_dir) if trace_dir else None, flush=flush,
-        checked_calls=checked_calls,
-    )
+    try:
+        return RunOptions(
+            device=device, devices=pool, backend=backend, ray_address=address,
+            warmup=warmup if warmup is not None else (1 if on_cpu else 10),
+            iters=iters if iters is not None else (5 if on_cpu else 100), seed=seed, timeout=timeout,
+            timing=timing, resume=resume, save=save, trace_dir=Path(trace_dir) if trace_dir else None, flush=flush,
+            checked_calls=checked_calls,
+        )
+    except ValidationError as exc:
+        raise validation_error(exc, None) from None
 
 
 def device_pool(device: str | None, devices: str | None, backend: str, address: str | None) -> list[str] | None:

@@ -209,7 +209,7 @@ def folder_problem(folder: Path, solution: Solution, shared: Sequence[Path] = ()
 
 def missing_dependencies(solution: Solution) -> list[str]:
     """Declared packages that are not installed here, found without importing anything: a dependency is a
-    top-level name (the Solution model refuses dots and paths), looked up as an installed distribution or a
+    distribution or top-level module name (the Solution model refuses paths), looked up as an installed distribution or a
     top-level module in the folders of sys.path but the working directory, so a repository's own folders
     (solutions/, tests/) cannot answer for it."""
     places = _package_folders()
@@ -229,10 +229,10 @@ def _package_folders() -> list[str]:
 
 def _installed(name: str, places: list[str]) -> bool:
     """A distribution's metadata or a top-level module's file: finding either runs no code (a top-level spec is
-    located, not loaded; a dotted name would import its parents)."""
+    located, not loaded). A dotted name is a distribution's only: as a module it would import its parents."""
     if next(iter(importlib.metadata.distributions(name=name, path=places)), None) is not None:
         return True
-    return importlib.machinery.PathFinder.find_spec(name.replace("-", "_"), places) is not None
+    return "." not in name and importlib.machinery.PathFinder.find_spec(name.replace("-", "_"), places) is not None
 
 
 def missing_toolchain() -> str | None:
@@ -261,31 +261,48 @@ def load_entry_point(folder: Path, solution: Solution, cache_dir: Path) -> Calla
 
 
 def _import_python(folder: Path, solution: Solution):
-    sys.path.insert(0, str(folder))  # lets a solution import its sibling files
-    name = f"flashbench_solution_{content_hash(folder)}"
+    sys.path.insert(0, str(folder))  # lets a solution import its sibling files by name
+    # ... and relatively (`from .helper import f`, as FlashInfer-Bench's loader allows): the entry file is a module
+    # of a package whose folder is the solution folder, its subfolders that package's own.
+    entry = PurePosixPath(solution.entry_file)
+    package = _solution_package(folder)
+    name = ".".join([package, *entry.parts[:-1], entry.stem])
     spec = importlib.util.spec_from_file_location(name, folder / solution.entry_file)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
     # A top-level entry file is also the module its own name imports (kernel.py: `import kernel`), as it is for
     # `python -c "import kernel"`: a sibling that imports it back (a circular import Python allows) gets this
     # module, half run, and not a second copy, whose own `from helper import f` found helper half run and failed.
     own = _own_module_name(folder, solution.entry_file)
     if own in sys.modules and not sys.modules[own].__name__.startswith("flashbench_solution_"):
         own = None  # a module of that name is imported already (the standard library's, a package's)
-    if own is not None:
-        sys.modules[own] = module
     try:
         try:
+            for depth in range(1, len(entry.parts)):  # a subfolder's package, for its own relative imports
+                importlib.import_module(".".join([package, *entry.parts[:depth]]))
+            sys.modules[name] = module
+            if own is not None:
+                sys.modules[own] = module
             spec.loader.exec_module(module)
         except BaseException:
-            if own is not None and sys.modules.get(own) is module:
-                del sys.modules[own]  # as a failed import leaves it
+            for key in (name, own):  # as a failed import leaves them
+                if key is not None and sys.modules.get(key) is module:
+                    del sys.modules[key]
             raise
     except SystemExit as exc:
         raise BuildError(f"{solution.entry_file} calls sys.exit({exc.code!r}) at import") from None
     except Exception as exc:
         raise BuildError(f"importing {solution.entry_file} failed: {exc!r}") from exc
     return module
+
+
+def _solution_package(folder: Path) -> str:
+    """A package (named by the folder's content) whose modules are the folder's files; nothing of it runs."""
+    name = f"flashbench_solution_{content_hash(folder)}"
+    if name not in sys.modules:
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = [str(folder)]
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+    return name
 
 
 def _own_module_name(folder: Path, entry_file: str) -> str | None:

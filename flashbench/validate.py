@@ -10,7 +10,7 @@ from .errors import FlashbenchError
 from .model import Solution, Workload, WorkloadSet, read_document
 from .model.loading import parse_records
 from .registry import WORKLOADS_SUFFIX, Repo, is_definition_file, load_definition_file, load_solution_folder
-from .workloads import check_workload, unredrawn_data_inputs
+from .workloads import workload_problem
 
 
 @dataclass(frozen=True)
@@ -92,15 +92,9 @@ def _check_workloads(repo: Repo, path: Path) -> list[FlashbenchError]:
                 part for part in (f"workloads[{i}]", invalid[i].field) if part)))
             continue
         workload = workload_set.workloads[i] if workload_set else Workload.model_validate(record)
-        where = f"workloads[{i}] ({workload.label})"
-        try:
-            check_workload(definition, workload, path.parent)
-        except ValueError as exc:  # BindingError, and what making an input raises
-            problems.append(FlashbenchError(str(exc), path, where))
-            continue
-        fixed = unredrawn_data_inputs(definition, workload)
-        if fixed:  # the same data on every call: a solution could memoize its outputs
-            problems.append(FlashbenchError(f"inputs {', '.join(fixed)} carry data that no call redraws", path, where))
+        problem = workload_problem(definition, workload, path.parent)
+        if problem:
+            problems.append(FlashbenchError(problem, path, f"workloads[{i}] ({workload.label})"))
     return problems
 
 

@@ -164,6 +164,18 @@ def test_run_options_take_the_devices_defaults_and_refuse_what_does_not_fit():
         fb.load(ROOT).run(DECODE, device="cpu", iterations=3)
 
 
+@pytest.mark.parametrize("option, field, message", [
+    # each ran: the least count instead, every pair TIMEOUT "no answer within -5 s", or a flush no GPU knows
+    ({"iters": 0}, "iters", "greater than or equal to 1"), ({"warmup": -1}, "warmup", "greater than or equal to 0"),
+    ({"checked_calls": -1}, "checked_calls", "greater than or equal to 0"), ({"timeout": -5}, "timeout", "greater than 0"),
+    ({"timeout": math.nan}, "timeout", "finite"), ({"flush": "bogus"}, "flush", "no flush 'bogus'; known: read"),
+])
+def test_run_options_are_checked_as_the_cli_checks_them(option, field, message):
+    with pytest.raises(FlashbenchError) as refused:
+        run_options("cpu", **option)
+    assert refused.value.field == field and message in refused.value.message
+
+
 # best: the fastest recorded solution, loaded here, else the reference.
 
 def test_without_traces_best_is_the_reference(registry, workloads, tmp_path):

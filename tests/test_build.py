@@ -146,9 +146,18 @@ def test_a_package_in_the_working_directory_does_not_count_and_is_never_imported
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", ["", str(tmp_path), *sys.path])
     assert missing_dependencies(solution(dependencies=["planted_package_xyz"])) == ["planted_package_xyz"]
-    dotted = Solution.model_construct(**solution().model_dump() | {"dependencies": ["planted_package_xyz.sub"]})
-    assert missing_dependencies(dotted) == ["planted_package_xyz.sub"]  # a manifest the model would refuse
+    dotted = solution(dependencies=["planted_package_xyz.sub"])  # a distribution's name only, never a module path
+    assert missing_dependencies(dotted) == ["planted_package_xyz.sub"]
     assert not (tmp_path / "ran").exists() and "planted_package_xyz" not in sys.modules
+
+
+def test_a_distribution_with_a_dot_in_its_name_counts(tmp_path, monkeypatch):
+    """Names such as zope.interface are distributions' own; they were refused as manifests."""
+    metadata = tmp_path / "site" / "zope.fake_xyz-1.0.dist-info"
+    metadata.mkdir(parents=True)
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: zope.fake_xyz\nVersion: 1.0\n")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path / "site")])
+    assert missing_dependencies(solution(dependencies=["zope.fake_xyz>=1.0", "zope.other_xyz"])) == ["zope.other_xyz"]
 
 
 def test_a_package_in_a_pythonpath_folder_counts_and_is_never_imported(tmp_path, monkeypatch):
@@ -181,6 +190,21 @@ def test_a_sibling_importing_the_entry_file_back_gets_the_entry_module(tmp_path,
     (tmp_path / "helper.py").write_text("import kernel\n\n\ndef scaled(x):\n    return x * kernel.SCALE\n")
     run = build.load_entry_point(tmp_path, solution(), tmp_path / "build")
     assert run(3) == 6 and sys.modules["kernel"] is sys.modules[run.__module__]
+
+
+def test_an_entry_file_imports_the_folders_files_relatively_too(tmp_path, imports):
+    """FlashInfer-Bench loads a solution's files as a package: its entry files may import their siblings relatively,
+    and did not run here (an entry file was a top-level module). Both styles, from the top and from a subfolder."""
+    (tmp_path / "kernel.py").write_text("from .helper import scaled\nfrom . import helper\n\n\ndef run(x):\n"
+                                        "    return scaled(x) + helper.OFFSET\n")
+    (tmp_path / "helper.py").write_text("OFFSET = 1\n\n\ndef scaled(x):\n    return x * 2\n")
+    (tmp_path / "src" / "ops").mkdir(parents=True)
+    (tmp_path / "src" / "kernel.py").write_text("from .ops.core import scaled\nfrom ..helper import OFFSET\n"
+                                                "from helper import scaled as by_name\n\n\ndef run(x):\n"
+                                                "    return scaled(x) + OFFSET + by_name(x)\n")
+    (tmp_path / "src" / "ops" / "core.py").write_text("def scaled(x):\n    return x * 3\n")
+    assert build.load_entry_point(tmp_path, solution(), tmp_path / "build")(2) == 5
+    assert build.load_entry_point(tmp_path, solution(entry_point="src/kernel.py::run"), tmp_path / "build")(2) == 11
 
 
 def test_an_entry_file_never_hides_a_module_of_its_name(tmp_path, imports):

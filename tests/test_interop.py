@@ -595,6 +595,23 @@ def test_a_workload_uuid_here_with_other_axes_there_brings_neither_it_nor_its_tr
     assert not rows(summary, ADD, "trace", "imported")
 
 
+def test_a_workload_whose_uuid_is_a_name_here_is_skipped_and_the_set_still_loads(tmp_path):
+    """Workload sets refuse a name that is another workload's name or uuid (two rows no one can tell apart); an
+    import appended such a workload unchecked and left a file no later command could load."""
+    repo = empty_repo(tmp_path / "repo")
+    import_fib(make_dataset(tmp_path / "first"), repo, "first")
+    (workloads_file,) = (repo / "definitions").rglob(f"{ADD}.workloads.yaml")
+    workloads_file.write_text(workloads_file.read_text().replace(f"- uuid: {ADD_WORKLOAD}",
+                                                                 f"- uuid: {ADD_WORKLOAD}\n  name: named_workload"))
+    second = make_dataset(tmp_path / "second")
+    write(second / "workloads/elementwise" / f"{ADD}.jsonl",
+          [{"definition": ADD, "workload": add_workload() | {"uuid": "named_workload"}}])
+    summary = import_fib(second, repo, "second")
+    (skipped,) = rows(summary, ADD, "workload", "skipped")
+    assert "another workload's name or uuid here (named_workload)" in skipped
+    assert [w.name for w in Repo(repo).workload_set(ADD).workloads] == ["named_workload"]
+
+
 # --- running a FIB solution JSON as it is -------------------------------------------------------------
 
 def test_a_fib_solution_json_runs_as_a_solution_folder(imported, dataset, tmp_path):

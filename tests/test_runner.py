@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from click.testing import CliRunner
 
 from conftest import copy_repo
@@ -221,6 +222,20 @@ def test_a_cpu_run_with_no_smoke_workload_is_refused_with_one_line(tmp_path):
         select_workloads(Repo(root), DEFINITION, [], "cpu")
     assert "no workload of" in str(refused.value) and "--workload" in str(refused.value)
     assert select_workloads(Repo(root), DEFINITION, ["tiny"], "cpu")  # named, they run
+
+
+def test_a_workload_validate_refuses_is_refused_before_any_pair_runs(tmp_path):
+    """Its pairs failed every solution, the reference's too, and reached the boards as failures."""
+    root = copy_repo(tmp_path / "repo")
+    workloads = root / "definitions" / "mla_paged" / f"{DEFINITION}.workloads.yaml"
+    data = yaml.safe_load(workloads.read_text())
+    data["workloads"][1]["generate"][0]["page_pool"] = 3
+    workloads.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert names(select_workloads(Repo(root), DEFINITION, ["smoke_empty_short"], "cpu")) == ["smoke_empty_short"]
+    with pytest.raises(FlashbenchError) as refused:
+        select_workloads(Repo(root), DEFINITION, [], "cpu")
+    assert refused.value.file == str(workloads) and refused.value.field == "workload smoke_mixed"
+    assert "page_pool 3 is smaller" in refused.value.message
 
 
 def test_cpu_default_is_smoke_only(repo):

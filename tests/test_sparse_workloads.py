@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashbench import Repo
+from flashbench import BindingError, Repo
 from flashbench.binding import bind_axes
 from flashbench.cost import evaluate_cost
 from flashbench.model import Lengths, Workload
@@ -19,8 +19,8 @@ from flashbench.run.judge.inputs import JobInputs
 from flashbench.run.protocol import Call
 from flashbench.run.recipe import InputSets, mixed_link
 from flashbench.workloads import (
-    REDRAW_WINDOW_BYTES, GeneratedData, derive_seed, draw_data_windows, generate_inputs, generated_data, generators, random_inputs,
-    unredrawn_data_inputs,
+    REDRAW_WINDOW_BYTES, GeneratedData, check_workload, derive_seed, draw_data_windows, generate_inputs, generated_data,
+    generators, random_inputs, unredrawn_data_inputs,
 )
 from flashbench.workloads.generators import (
     DATA_OUTPUTS, GENERATORS, fresh_mla_fp8_tokens, fresh_mla_tokens, random_subsets,
@@ -408,6 +408,35 @@ def test_unredrawn_data_inputs_names_fixed_data(monkeypatch):
         "kv_cache": {"type": "safetensors", "path": "x.safetensors", "tensor_key": "kv"}}})
     assert unredrawn_data_inputs(definition, captured) == ["kv_cache"]
     assert derive_seed(1, "a") != derive_seed(2, "a")
+
+
+def test_a_packed_cache_left_to_the_default_draw_names_the_generator_that_makes_it():
+    """Without `fp8_cache` the int8 cache fell to the default random draw, whose complaint (low < high) pointed at
+    giving random bounds: random bytes are no valid FP8 cache."""
+    definition, workload = repo_workload(DECODE_FP8, "smoke_sq1")
+    record = workload.model_dump(exclude_defaults=True)
+    del record["generate"][0]["fp8_cache"]
+    with pytest.raises(BindingError) as refused:
+        check_workload(definition, Workload.model_validate(record), ROOT / "definitions")
+    assert "inputs.k_cache: not given, so drawn at random, and a random int8 input needs low < high" in str(refused.value)
+    assert "add the generator that makes it" in str(refused.value)
+
+
+def test_a_captured_model_weight_may_stay_the_same_but_no_other_data_input():
+    """A per-head sink is a model weight (`constant: true`): captured (mixed -inf, +inf and finite values per head, which
+    no random distribution gives), it is what a serving system keeps across calls. A captured query is not."""
+    repo = Repo(ROOT)
+    sink = repo.definition(next(name for name in repo.names() if name.startswith("flashmla_sparse_decode_fp8_sink_h64")))
+    assert sink.inputs["attn_sink"].constant and not sink.inputs["q"].constant
+    sinks = next(w for w in repo.workload_set(sink.name).workloads if "smoke" in w.tags)
+    blob = {"type": "safetensors", "path": "x.safetensors", "tensor_key": "x"}
+
+    def capturing(*names):
+        record = sinks.model_dump(exclude_defaults=True)
+        return Workload.model_validate({**record, "inputs": {**record.get("inputs", {}), **dict.fromkeys(names, blob)}})
+
+    assert unredrawn_data_inputs(sink, capturing("attn_sink")) == []
+    assert unredrawn_data_inputs(sink, capturing("attn_sink", "q")) == ["q"]
 
 
 # A solution that memoizes per input set what it derives from generated data: it passed while

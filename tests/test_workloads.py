@@ -341,6 +341,9 @@ def edit_workloads(root, name, edit):
     (lambda d: d["workloads"][1].update(axes={"num_qo_heads": 16}), "axes.num_qo_heads: not a var axis"),
     (lambda d: d["workloads"][1]["inputs"].update(scale={"type": "scalar", "value": 1}), "inputs.scale: not an input"),
     (lambda d: d["workloads"][1].update(uuid=d["workloads"][0]["uuid"]), "appears twice"),
+    # two rows by one name on every board, and `--workload NAME` picked both
+    (lambda d: d["workloads"][1].update(name=d["workloads"][0]["name"]), "workloads[1].name: smoke_empty_short appears"),
+    (lambda d: d["workloads"][1].update(name=d["workloads"][0]["uuid"]), "is another workload's uuid"),
     # validate itself ended in a traceback on a negative axis
     (lambda d: d["workloads"][1].update(axes={"batch_size": -1}), "greater than or equal to 0"),
     (lambda d: d["workloads"][1]["inputs"].update(kv_indptr={"type": "safetensors", "path": "nope.safetensors",

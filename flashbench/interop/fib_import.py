@@ -319,6 +319,9 @@ class DefinitionImport:
             return
         try:
             workload, blobs = workload_to_ours(record, self.dataset.root, where)
+            names = set(self.workload_names.values()) - {""}
+            if workload.name in names or workload.name in self.workload_names or uuid in names:
+                raise ValueError(f"its name or uuid is another workload's name or uuid here ({workload.name or uuid})")
             check_workload(definition, workload, self.dataset.root)
             new_blobs = [blob for blob in blobs if self.blob_needed(blob)]
         except (FlashbenchError, BindingError, ValueError) as exc:

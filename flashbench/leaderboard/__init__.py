@@ -22,9 +22,9 @@ Valid results and the speed-of-light floor
     and suspicious results are never fast and never win.
 
 Figures per solution
-    total         the workloads of the definition's workload set that any ranked solution ran
-                  on that hardware (not the full set: a CPU run of the smoke workloads is scored
-                  out of those)
+    total         the workloads of the definition's workload set that any solution (the reference
+                  included) ran on that hardware (not the full set: a CPU run of the smoke workloads
+                  is scored out of those; a workload a solution was never run on is missing)
     passed        valid results among them
     speedup_vs_reference, speedup_vs_baseline
                   geometric mean of other latency / own latency over the timed workloads where

@@ -62,6 +62,13 @@ class TensorSpec(Strict):
     description: str = ""
 
 
+class InputSpec(TensorSpec):
+    constant: bool = Field(False, description="the same on every call of the system modelled (a model weight such as "
+                                              "a per-head sink): a workload may capture it, and a solution may keep "
+                                              "what it derives from it; any other input that carries data must change "
+                                              "from call to call")
+
+
 class Tolerance(Strict):
     """allclose semantics: |out - ref| <= atol + rtol * |ref| for every element."""
 
@@ -136,7 +143,7 @@ class Definition(Strict):
     description: str = ""
     tags: list[str] = []
     axes: dict[str, Axis]
-    inputs: dict[str, TensorSpec]
+    inputs: dict[str, InputSpec]
     outputs: dict[str, TensorSpec]
     constraints: list[str] = []
     reference: str = Field(description="a .py path under references/, or Python source with a top-level run")

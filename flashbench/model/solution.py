@@ -14,10 +14,11 @@ SHARED_FOLDER = "_shared"  # solutions/_shared/<name>/: files that several solut
 TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$"
 LABEL = r"^[^\x00-\x1f\x7f-\x9f|<>`\[\]\\$]{1,200}$"
 _SHARED_NAME = re.compile(FOLDER_NAME)
-# A dependency: a top-level distribution or module name (no '.': the judge looks it up without importing, and
-# a dotted name would import its parents), optionally with version clauses (recorded, not checked).
+# A dependency: a distribution name as packaging writes it ('zope.interface' included) or a top-level module name,
+# optionally with version clauses (recorded, not checked). No path: the judge looks it up without importing.
 _VERSION_CLAUSE = r"(?:==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!]+"
-_DEPENDENCY = re.compile(rf"([A-Za-z0-9][A-Za-z0-9_-]*)\s*(?:{_VERSION_CLAUSE}(?:\s*,\s*{_VERSION_CLAUSE})*)?")
+_PACKAGE = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
+_DEPENDENCY = re.compile(rf"({_PACKAGE})\s*(?:{_VERSION_CLAUSE}(?:\s*,\s*{_VERSION_CLAUSE})*)?")
 
 
 # Unicode categories a name may not hold: controls, format characters (U+202E reverses the text after it, U+200B
@@ -63,7 +64,7 @@ class Solution(Strict):
     )
     target_hardware: list[str] = []
     dependencies: list[str] = Field([], description=(
-        "installed packages the solution needs: top-level distribution or module names (no '.', no path), "
+        "installed packages the solution needs: distribution or top-level module names (no path), "
         "each optionally with a version, e.g. 'torch>=2.4'"))
     binding: Literal["torch", "tvm-ffi"] | None = Field(
         None, description="CUDA only: how the module is bound (tvm-ffi is recorded, not built yet)"
@@ -94,7 +95,7 @@ class Solution(Strict):
         for dependency in self.dependencies:
             if not _DEPENDENCY.fullmatch(dependency):
                 raise ValueError(f"dependencies: {dependency!r} must be the name of an installed package (letters, "
-                                 "digits, '_', '-'; no '.', no path), optionally with a version such as '>=2.4'")
+                                 "digits, '_', '-', '.' inside; no path), optionally with a version such as '>=2.4'")
         return self
 
     @model_validator(mode="after")

@@ -202,10 +202,20 @@ class WorkloadSet(Strict):
     workloads: list[Workload]
 
     @model_validator(mode="after")
-    def _unique_uuids(self):
-        seen: set[str] = set()
+    def _unique_uuids_and_names(self):
+        """A workload is picked and shown by its name or its uuid: two by one name would be two rows no one can tell
+        apart, and `--workload NAME` would pick both."""
+        uuids = {workload.uuid for workload in self.workloads}
+        seen_uuids: set[str] = set()
+        seen_names: set[str] = set()
         for i, workload in enumerate(self.workloads):
-            if workload.uuid in seen:
+            if workload.uuid in seen_uuids:
                 raise ValueError(f"workloads[{i}].uuid: {workload.uuid} appears twice")
-            seen.add(workload.uuid)
+            if workload.name in seen_names:
+                raise ValueError(f"workloads[{i}].name: {workload.name} appears twice")
+            if workload.name in uuids:
+                raise ValueError(f"workloads[{i}].name: {workload.name} is another workload's uuid")
+            seen_uuids.add(workload.uuid)
+            if workload.name:
+                seen_names.add(workload.name)
         return self

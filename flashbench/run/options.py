@@ -1,10 +1,11 @@
 """How a run checks and times: every default in one place."""
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from .recipe import DEFAULT_FLUSH
+from pydantic import BaseModel, Field, field_validator
+
+from .recipe import DEFAULT_FLUSH, FLUSH_METHODS
 
 
 def default_memory_limit() -> int | None:
@@ -15,29 +16,38 @@ def default_memory_limit() -> int | None:
         return None
 
 
-@dataclass
-class RunOptions:
+class RunOptions(BaseModel):
+    """Checked as the CLI's options are (the Python API passes them on as given): a count below its least, a
+    timeout that is not a positive number or an unknown flush is an error naming the field."""
+
     device: str = "cpu"  # names the hardware (and so the trace file); references run on its type
     devices: list[str] | None = None  # the pool the jobs are spread over; None: [device]
     backend: str = "local"  # local: the pool, in this process; ray: Ray tasks
     ray_address: str | None = None  # None: a Ray instance of this machine's own
-    warmup: int = 5
-    iters: int = 50  # at least this many timed calls per job, within TIMED_BUDGET_MS
+    warmup: int = Field(5, ge=0)
+    iters: int = Field(50, ge=1)  # at least this many timed calls per job, within TIMED_BUDGET_MS
     seed: int | None = None  # None: input seeds drawn afresh for the run, unknown to any solution
-    input_sets: int = 3
-    timeout: float = 300.0
+    input_sets: int = Field(3, ge=1)
+    timeout: float = Field(300.0, gt=0, allow_inf_nan=False)
     timing: str = "events"
     flush: str = DEFAULT_FLUSH
     # Timed calls checked per job, picked at random after they ran; None: all of them (on a CPU,
     # where the reference is cheap), else this many.
-    checked_calls: int | None = None
+    checked_calls: int | None = Field(None, ge=0)
     isolation: str | None = None  # None: the strongest the machine allows (run/sandbox.py)
     resume: bool = False
     save: bool = True
     trace_dir: Path | None = None
     cache_dir: Path | None = None  # builds, and the workers' exchange directories
-    reference_memory_bytes: int = 8 << 30  # reference outputs kept for the run's later jobs
-    memory_limit_bytes: int | None = field(default_factory=default_memory_limit)
+    reference_memory_bytes: int = Field(8 << 30, ge=0)  # reference outputs kept for the run's later jobs
+    memory_limit_bytes: int | None = Field(default_factory=default_memory_limit, ge=1)
+
+    @field_validator("flush")
+    @classmethod
+    def _known_flush(cls, flush: str) -> str:
+        if flush not in FLUSH_METHODS:
+            raise ValueError(f"no flush {flush!r}; known: {', '.join(FLUSH_METHODS)}")
+        return flush
 
     @property
     def on_gpu(self) -> bool:

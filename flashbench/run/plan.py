@@ -13,6 +13,7 @@ from ..model import REFERENCE, Definition, Solution, Workload
 from ..model.solution import SHARED_FOLDER
 from ..reference import reference_source
 from ..registry import Repo, SolutionFolder, case_twin, case_twin_among, load_solution_folder
+from ..workloads import workload_problem
 from .judge.evaluators import reference_sampler_source
 
 
@@ -35,7 +36,18 @@ class Job:
 
 
 def select_workloads(repo: Repo, definition: str, selectors: list[str], device: str) -> list[Workload]:
-    """By uuid, uuid prefix, name or tag; with none given, all (only 'smoke' ones on a CPU)."""
+    """By uuid, uuid prefix, name or tag; with none given, all (only 'smoke' ones on a CPU). One that `validate`
+    refuses is refused here, before any pair runs: its pairs would fail every solution, the reference's too."""
+    chosen = _chosen_workloads(repo, definition, selectors, device)
+    path = repo.workloads_path(definition)
+    for workload in chosen:
+        problem = workload_problem(repo.definition(definition), workload, path.parent)
+        if problem:
+            raise FlashbenchError(problem, path, f"workload {workload.label}")
+    return chosen
+
+
+def _chosen_workloads(repo: Repo, definition: str, selectors: list[str], device: str) -> list[Workload]:
     workload_set = repo.workload_set(definition)
     if workload_set is None:
         raise FlashbenchError(f"no workloads; add {repo.workloads_path(definition).relative_to(repo.root)}")

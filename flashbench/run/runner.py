@@ -191,8 +191,10 @@ class Runner:
     @functools.cached_property
     def _checks_digest(self) -> str:
         """A hash of what decides whether a solution's outputs pass: the definition but for its words (description,
-        tags) and cost model, and its reference's source."""
-        definition = self.definition.model_dump_json(exclude={"description", "tags", "cost"})
+        tags), cost model and which inputs may stay constant (what validate asks of workloads), and its reference's
+        source."""
+        definition = self.definition.model_dump_json(
+            exclude={"description": True, "tags": True, "cost": True, "inputs": {"__all__": {"constant"}}})
         reference = reference_source(self.definition, self.repo.root)
         return hashlib.sha256(f"{definition}\0{reference}".encode()).hexdigest()[:16]
 

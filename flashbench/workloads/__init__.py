@@ -29,7 +29,7 @@ from .tensors import DEFAULT_RANDOM, random_tensor, refill_random, safetensors_t
 __all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "whole_redrawn",
            "refill_whole", "draw_windows", "window_copies", "window_elements", "window_spans", "window_starts",
            "generated_data", "redrawn_data", "draw_data_windows", "data_window_copies", "data_window_spans",
-           "unredrawn_data_inputs", "sample_lengths", "structured_inputs", "check_workload"]
+           "unredrawn_data_inputs", "sample_lengths", "structured_inputs", "check_workload", "workload_problem"]
 
 
 def derive_seed(*parts: object) -> int:
@@ -65,6 +65,9 @@ def generate_inputs(
             try:
                 inputs[name] = random_tensor(descriptor, shape, spec.dtype, random_seed(seed, workload, name), device)
             except ValueError as exc:
+                if name not in workload.inputs:  # drawn by default: often an input a generator ought to make
+                    raise BindingError(f"inputs.{name}: not given, so drawn at random, and {exc}; or capture it, or add "
+                                       "the generator that makes it (an FP8 cache, an index table) to `generate`") from None
                 raise BindingError(f"inputs.{name}: {exc}") from None
     bound = bind_axes(definition, inputs)
     for axis, value in workload.axes.items():
@@ -88,6 +91,18 @@ def check_workload(definition: Definition, workload: Workload, base_dir: Path) -
         raise BindingError(f"its index structure does not fit in memory here: {str(exc)[:200]}") from None
     except RuntimeError as exc:  # torch's own refusal of the shapes (a size past int64 in all): the workload's
         raise BindingError(f"its inputs cannot be made: {str(exc).splitlines()[0][:200]}") from None
+
+
+def workload_problem(definition: Definition, workload: Workload, base_dir: Path) -> str | None:
+    """Why `validate` refuses a workload, which `run` does not run either; None if nothing."""
+    try:
+        check_workload(definition, workload, base_dir)
+    except ValueError as exc:  # BindingError, and what making an input raises
+        return str(exc)
+    fixed = unredrawn_data_inputs(definition, workload)
+    if fixed:  # the same data on every call: a solution could memoize its outputs
+        return f"inputs {', '.join(fixed)} carry data that no call redraws"
+    return None
 
 
 def random_seed(seed: int, workload: Workload, name: str) -> int:
@@ -232,11 +247,11 @@ def unredrawn_data_inputs(definition: Definition, workload: Workload) -> list[st
     """Inputs that carry data yet no call redraws: generated data that cannot be redrawn, and captured
     (safetensors) floating-point tensors. They are the same on every call of a run (captured ones, of
     every run): a solution could memoize what it derives from them. Integer captured tensors count as
-    index structure."""
+    index structure; inputs the definition declares constant (model weights) may stay the same."""
     fixed = {name for name, data in generated_data(workload).items() if data.fresh is None}
     return [
-        name for name, spec in definition.inputs.items()
-        if name in fixed or (isinstance(workload.inputs.get(name), SafetensorsInput) and is_float(spec.dtype))
+        name for name, spec in definition.inputs.items() if not spec.constant and (
+            name in fixed or (isinstance(workload.inputs.get(name), SafetensorsInput) and is_float(spec.dtype)))
     ]
 
 

@@ -106,6 +106,15 @@ def test_run_exits_1_when_a_pair_fails_and_prints_one_json_document(module_repo,
     assert "results" in result.stderr and "1 of 2 pair(s) did not pass" in result.stderr
 
 
+def test_a_failed_pairs_traceback_is_printed_under_the_summary(module_repo, tmp_path):
+    """The message is one line; a newcomer's traceback was only in the trace file's log."""
+    result = invoke(module_repo, "run", "--def", "mla_paged_decode", "--solution", str(FIXTURES / "raises"),
+                    "--workload", "smoke_mixed", "--trace-dir", str(tmp_path), *FAST)
+    assert result.exit_code == 1, result.output
+    assert "log of raises on smoke_mixed (RUNTIME_ERROR), last" in result.output
+    assert "Traceback" in result.output or "deliberate failure in the fixture" in result.output.split("log of raises")[1]
+
+
 def test_submit_a_correct_solution_copies_it_and_records_its_traces(module_repo, tmp_path):
     result = invoke(module_repo, "submit", str(FIXTURES / "correct_dps"), "--trace-dir", str(tmp_path), "--json", *FAST)
     assert result.exit_code == 0, result.output

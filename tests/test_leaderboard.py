@@ -317,6 +317,16 @@ def test_report_command_still_works(recorded):
     assert "Measured with timing events, L2 flushed (256 MiB), device cuda." in result.output
 
 
+def test_report_needs_no_hardware_where_one_has_traces(recorded, tmp_path):
+    """leaderboard and compare need no --hardware; report asked for it even where one folder holds traces."""
+    both = invoke("report", "--def", "mla_paged_decode", "--trace-dir", str(recorded))
+    assert both.exit_code == 2 and "for 2 hardware here (gpu_x, gpu_y): pick one with --hardware" in both.output
+    one = tmp_path / "one"
+    shutil.copytree(recorded / "gpu_x", one / "gpu_x")
+    alone = invoke("report", "--def", "mla_paged_decode", "--trace-dir", str(one))
+    assert alone.exit_code == 0 and alone.output.startswith("# mla_paged_decode_h16_ckv512_kpe64_ps1 on GPU X\n")
+
+
 def test_what_traces_say_of_their_device_reaches_no_terminal_and_no_report_as_markup(recorded):
     """A record's device is free-form: named in the notes, its escape sequences reached the terminal, its HTML and
     headings `report`'s Markdown. A record of another GPU first in the file named the report's title."""

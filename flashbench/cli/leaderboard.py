@@ -119,7 +119,8 @@ def compare(ctx, a, b, definition, hardware, trace_dir, timing):
 
 @main.command()
 @click.option("--def", "definition", required=True, help="Definition name or unique prefix.")
-@click.option("--hardware", required=True, help="Hardware name or its folder under traces/, e.g. nvidia_h200.")
+@click.option("--hardware", default=None,
+              help="Hardware name or its folder under traces/, e.g. nvidia_h200 (default: the one with traces of it).")
 @click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default: traces/ in the repo.")
 @TIMING_OPTION
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the Markdown here.")
@@ -129,11 +130,17 @@ def report(ctx, definition, hardware, trace_dir, timing, out):
     latency ± spread, share of the floor and achieved TFLOP/s or GB/s; how it was measured above it."""
     from ..calibrate import load_calibration
     from ..leaderboard import belonging, markdown_report, report_board, solution_hashes
-    from ..traces import trace_path
+    from ..traces import trace_file_name, trace_path
 
     repo = repo_from(ctx)
     name = repo.resolve(definition)
     trace_dir = trace_dir or repo.root / "traces"
+    if hardware is None:  # as leaderboard and compare need none: the one folder with traces of the definition
+        found = sorted(path.parent.name for path in trace_dir.glob(f"*/{trace_file_name(name, timing)}"))
+        if len(found) != 1:
+            raise FlashbenchError(f"traces of {name} for {len(found)} hardware here"
+                                  + (f" ({', '.join(found)}): pick one with --hardware" if found else ""), trace_dir)
+        hardware = found[0]
     path = trace_path(trace_dir, hardware, name, timing)
     traces = belonging(path, name)  # as on the boards: a record of another definition stays off
     if not traces:

@@ -67,6 +67,7 @@ def execute(repo, definition_name, folders, workloads, options) -> tuple[RunResu
         result, interrupted = RunResult(traces=finished, trace_file=runner.trace_file), True
     if result.traces:
         print_summary(result.traces)
+        print_failure_logs(result.traces)
     if result.isolation:
         confined = "" if sandbox.confines_writes() else "; this kernel has no Landlock: their writes are not confined"
         who = f", {result.workers_as}" if result.workers_as else ""
@@ -116,6 +117,22 @@ def print_summary(traces) -> None:
                         perf.timing.get("method", "")]
         table.add_row(trace.solution, trace.workload_name or trace.workload[:8], status, *measured)
     console.print(table)
+
+
+LOG_LINES = 12  # of a failed pair's log, printed under the summary: a traceback's last frames and its error
+
+
+def print_failure_logs(traces) -> None:
+    """The end of each failing solution's first log (its traceback, what it printed): the message alone is one line."""
+    shown_for = set()
+    for trace in traces:
+        if trace.status == "PASSED" or not trace.log.strip() or trace.solution in shown_for:
+            continue
+        shown_for.add(trace.solution)
+        lines = trace.log.rstrip().splitlines()[-LOG_LINES:]
+        console.print(f"log of {trace.solution} on {trace.workload_name or trace.workload[:8]} ({trace.status}), "
+                      f"last {len(lines)} lines (all in the trace's log):", highlight=False)
+        console.print("\n".join(f"  {line}" for line in lines), markup=False, highlight=False)
 
 
 def achieved(perf) -> str:

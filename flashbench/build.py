@@ -263,10 +263,12 @@ def load_entry_point(folder: Path, solution: Solution, cache_dir: Path) -> Calla
 def _import_python(folder: Path, solution: Solution):
     sys.path.insert(0, str(folder))  # lets a solution import its sibling files by name
     # ... and relatively (`from .helper import f`, as FlashInfer-Bench's loader allows): the entry file is a module
-    # of a package whose folder is the solution folder, its subfolders that package's own.
+    # of a package whose folder is the solution folder, its subfolders that package's own (imported by the first
+    # relative import that needs them, as Python would). Only where every part of the path can be a module name.
     entry = PurePosixPath(solution.entry_file)
+    parts = [*entry.parts[:-1], entry.stem]
     package = _solution_package(folder)
-    name = ".".join([package, *entry.parts[:-1], entry.stem])
+    name = ".".join([package, *parts]) if all(part.isidentifier() for part in parts) else f"{package}_entry"
     spec = importlib.util.spec_from_file_location(name, folder / solution.entry_file)
     module = importlib.util.module_from_spec(spec)
     # A top-level entry file is also the module its own name imports (kernel.py: `import kernel`), as it is for
@@ -277,8 +279,6 @@ def _import_python(folder: Path, solution: Solution):
         own = None  # a module of that name is imported already (the standard library's, a package's)
     try:
         try:
-            for depth in range(1, len(entry.parts)):  # a subfolder's package, for its own relative imports
-                importlib.import_module(".".join([package, *entry.parts[:depth]]))
             sys.modules[name] = module
             if own is not None:
                 sys.modules[own] = module

@@ -15,6 +15,7 @@ import torch
 import flashbench as fb
 from flashbench import BindingError, FlashbenchError, Repo
 from flashbench.api import hardware_of, run_options
+from flashbench.run import RunOptions
 from flashbench.leaderboard import solution_hashes
 from flashbench.traces import append_trace, trace_path
 from conftest import copy_repo
@@ -167,13 +168,19 @@ def test_run_options_take_the_devices_defaults_and_refuse_what_does_not_fit():
 @pytest.mark.parametrize("option, field, message", [
     # each ran: the least count instead, every pair TIMEOUT "no answer within -5 s", or a flush no GPU knows
     ({"iters": 0}, "iters", "greater than or equal to 1"), ({"warmup": -1}, "warmup", "greater than or equal to 0"),
-    ({"checked_calls": -1}, "checked_calls", "greater than or equal to 0"), ({"timeout": -5}, "timeout", "greater than 0"),
-    ({"timeout": math.nan}, "timeout", "finite"), ({"flush": "bogus"}, "flush", "no flush 'bogus'; known: read"),
+    ({"checked_calls": -1}, "checked_calls", "greater than or equal to 0"),
+    ({"timeout": -5}, "timeout", "greater than 0"),
+    ({"timeout": math.nan}, "timeout", "greater than 0"), ({"flush": "bogus"}, "flush", "no flush 'bogus'; known: read"),
 ])
 def test_run_options_are_checked_as_the_cli_checks_them(option, field, message):
     with pytest.raises(FlashbenchError) as refused:
         run_options("cpu", **option)
     assert refused.value.field == field and message in refused.value.message
+    options = run_options("cpu", timeout=math.inf)  # no time limit
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        options.iters = 0
+    with pytest.raises(ValueError, match="iterations"):
+        RunOptions(iterations=3)  # a misspelt option ran with the defaults
 
 
 # best: the fastest recorded solution, loaded here, else the reference.

@@ -207,6 +207,25 @@ def test_an_entry_file_imports_the_folders_files_relatively_too(tmp_path, import
     assert build.load_entry_point(tmp_path, solution(entry_point="src/kernel.py::run"), tmp_path / "build")(2) == 11
 
 
+def test_an_entry_file_runs_once_and_loads_from_any_folder_name(tmp_path, imports):
+    """A subfolder's __init__.py importing the entry back ran the entry file twice when the loader imported the
+    subfolder's package first; a subfolder named v1.2 cannot be a package and failed to load."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "__init__.py").write_text("from src.kernel import run\n")
+    (tmp_path / "src" / "kernel.py").write_text("import builtins\nbuiltins.loads = getattr(builtins, 'loads', 0) + 1\n"
+                                                "\n\ndef run(x):\n    return x\n")
+    (tmp_path / "v1.2").mkdir()
+    (tmp_path / "v1.2" / "kernel.py").write_text(KERNEL)
+    try:
+        assert build.load_entry_point(tmp_path, solution(entry_point="src/kernel.py::run"), tmp_path / "build")(3) == 3
+        import builtins
+        assert builtins.loads == 1
+    finally:
+        import builtins
+        builtins.__dict__.pop("loads", None)
+    assert build.load_entry_point(tmp_path, solution(entry_point="v1.2/kernel.py::run"), tmp_path / "build")(1) == 1
+
+
 def test_an_entry_file_never_hides_a_module_of_its_name(tmp_path, imports):
     (tmp_path / "json.py").write_text(KERNEL)
     (tmp_path / "sub").mkdir()

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from flashbench.interop.fib_model import FibBuildSpec, FibDefinition
 from flashbench.leaderboard import read_results
 from flashbench.model import Definition, OutputError, Performance, Trace
 from flashbench.registry import load_solution_folder
-from flashbench.traces import append_trace, read_traces
+from flashbench.traces import append_trace, read_traces, sole_writer
 from flashbench.workloads import structured_inputs
 
 DEF = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -608,8 +609,26 @@ def test_a_workload_whose_uuid_is_a_name_here_is_skipped_and_the_set_still_loads
           [{"definition": ADD, "workload": add_workload() | {"uuid": "named_workload"}}])
     summary = import_fib(second, repo, "second")
     (skipped,) = rows(summary, ADD, "workload", "skipped")
-    assert "another workload's name or uuid here (named_workload)" in skipped
+    assert "uuid: named_workload is another workload's name" in skipped
     assert [w.name for w in Repo(repo).workload_set(ADD).workloads] == ["named_workload"]
+
+
+def test_an_import_waits_for_a_run_writing_the_trace_directory(tmp_path, capsys):
+    """A run sets aside any file it did not write under its trace directory: traces imported meanwhile left the
+    boards as `*.untrusted`. The import waits for the run (its lock on the folder), as a second run does."""
+    repo = empty_repo(tmp_path / "repo")
+    (repo / "traces").mkdir()
+    dataset = make_dataset(tmp_path / "fib")
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (import_fib(dataset, repo, "fib"), done.set()))
+    with sole_writer(repo / "traces"):
+        thread.start()
+        while "waiting for another flashbench run" not in capsys.readouterr().err:
+            assert thread.is_alive()
+            done.wait(0.01)
+        assert not done.is_set() and not imported_trace_dir(repo, "fib").exists()
+    thread.join()
+    assert done.is_set() and any(imported_trace_dir(repo, "fib").rglob("*.jsonl"))
 
 
 # --- running a FIB solution JSON as it is -------------------------------------------------------------
@@ -967,6 +986,14 @@ def test_an_evaluator_other_than_allclose_survives_export_and_import():
     assert definition.evaluator.kind == "sampling"
     record = definition_to_fib(definition, "def run(): pass\n")
     assert Definition.model_validate(definition_to_ours(record)).evaluator == definition.evaluator
+
+
+def test_a_constant_input_survives_export_and_import():
+    repo = Repo(Path(__file__).resolve().parents[1])
+    definition = repo.definition(next(n for n in repo.names() if n.startswith("flashmla_sparse_decode_fp8_sink_h64")))
+    record = definition_to_fib(definition, "def run(): pass\n")
+    assert record.flashbench.constant_inputs == ["attn_sink"]
+    assert Definition.model_validate(definition_to_ours(record)).inputs == definition.inputs
 
 
 def test_one_trace_flashbench_refuses_is_skipped_alone(tmp_path):

@@ -231,11 +231,12 @@ def test_a_workload_validate_refuses_is_refused_before_any_pair_runs(tmp_path):
     data = yaml.safe_load(workloads.read_text())
     data["workloads"][1]["generate"][0]["page_pool"] = 3
     workloads.write_text(yaml.safe_dump(data, sort_keys=False))
-    assert names(select_workloads(Repo(root), DEFINITION, ["smoke_empty_short"], "cpu")) == ["smoke_empty_short"]
+    runner = Runner(Repo(root), DEFINITION, RunOptions(trace_dir=tmp_path / "traces", cache_dir=tmp_path / "cache"))
+    chosen = select_workloads(Repo(root), DEFINITION, [], "cpu")  # listed: the set's other workloads can be seen
     with pytest.raises(FlashbenchError) as refused:
-        select_workloads(Repo(root), DEFINITION, [], "cpu")
+        runner.run(runner.candidates([]), chosen)
     assert refused.value.file == str(workloads) and refused.value.field == "workload smoke_mixed"
-    assert "page_pool 3 is smaller" in refused.value.message
+    assert "page_pool 3 is smaller" in refused.value.message and not (tmp_path / "traces").exists()
 
 
 def test_cpu_default_is_smoke_only(repo):

@@ -418,7 +418,8 @@ def test_a_packed_cache_left_to_the_default_draw_names_the_generator_that_makes_
     del record["generate"][0]["fp8_cache"]
     with pytest.raises(BindingError) as refused:
         check_workload(definition, Workload.model_validate(record), ROOT / "definitions")
-    assert "inputs.k_cache: not given, so drawn at random, and a random int8 input needs low < high" in str(refused.value)
+    assert "inputs.k_cache: not given, so drawn at random, and a random int8 input needs low < high" in str(
+        refused.value)
     assert "add the generator that makes it" in str(refused.value)
 
 
@@ -437,6 +438,8 @@ def test_a_captured_model_weight_may_stay_the_same_but_no_other_data_input():
 
     assert unredrawn_data_inputs(sink, capturing("attn_sink")) == []
     assert unredrawn_data_inputs(sink, capturing("attn_sink", "q")) == ["q"]
+    # Drawn at random, it is drawn once and kept, as declared: a solution keeping exp(attn_sink) stays right.
+    assert "q" in random_inputs(sink, sinks) and "attn_sink" not in random_inputs(sink, sinks)
 
 
 # A solution that memoizes per input set what it derives from generated data: it passed while

@@ -344,6 +344,7 @@ def edit_workloads(root, name, edit):
     # two rows by one name on every board, and `--workload NAME` picked both
     (lambda d: d["workloads"][1].update(name=d["workloads"][0]["name"]), "workloads[1].name: smoke_empty_short appears"),
     (lambda d: d["workloads"][1].update(name=d["workloads"][0]["uuid"]), "is another workload's uuid"),
+    (lambda d: d["workloads"][0].update(name=d["workloads"][1]["uuid"]), "workloads[1].uuid: 810323f4-6465-4c15-a87f"),
     # validate itself ended in a traceback on a negative axis
     (lambda d: d["workloads"][1].update(axes={"batch_size": -1}), "greater than or equal to 0"),
     (lambda d: d["workloads"][1]["inputs"].update(kv_indptr={"type": "safetensors", "path": "nope.safetensors",
@@ -366,6 +367,11 @@ def test_validate_reports_bad_workloads(root, edit, message):
     assert str(path) in results[path].error and message in results[path].error
     assert sum(not c.ok for c in results.values()) == 1
 
+
+
+def test_a_workload_may_be_named_by_its_own_uuid(root):
+    path = edit_workloads(root, DECODE, lambda d: d["workloads"][1].update(name=d["workloads"][1]["uuid"]))
+    assert {c.path: c for c in validate(Repo(root), [root / "definitions" / "mla_paged"])}[path].ok
 
 
 def test_a_workload_file_with_yaml_aliases_is_refused_before_it_is_built(root):

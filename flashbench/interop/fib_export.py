@@ -360,7 +360,8 @@ def definition_to_fib(definition: Definition, reference: str, workloads_version:
         return fib.FibTensorSpec(shape=spec.shape, dtype=spec.dtype, description=spec.description or None)
 
     ext = fib.DefinitionExtension(tolerances=definition.tolerances, evaluator=definition.evaluator,
-                                  cost=definition.cost, workloads_version=workloads_version)
+                                  cost=definition.cost, workloads_version=workloads_version,
+                                  constant_inputs=[name for name, spec in definition.inputs.items() if spec.constant])
     return fib.FibDefinition(
         name=definition.name, op_type=definition.op_type, description=definition.description or None,
         tags=definition.tags or None,

@@ -13,6 +13,7 @@ each marked `imported_from: <source>`: boards read traces/<hardware>/ and never 
 Importing twice adds nothing: workloads merge by uuid, traces by (solution, workload, timestamp).
 """
 
+import contextlib
 import filecmp
 import hashlib
 import json
@@ -32,11 +33,12 @@ from ..errors import FlashbenchError
 from ..model import (REFERENCE, Definition, OutputError, Performance, Trace, Workload, WorkloadSet, load_model,
                      parse_model)
 from ..model.definition import INTEGER_DTYPES
+from ..model.workload import naming_clash
 from ..model.loading import read_bounded, validation_error
 from ..model.solution import SHARED_FOLDER
 from ..reference import reference_file
 from ..registry import WORKLOADS_SUFFIX, Repo, case_twin, load_solution_folder
-from ..traces import hardware_slug, read_traces, trace_file_name
+from ..traces import hardware_slug, read_traces, sole_writer, trace_file_name
 from ..validate import check_source_statically
 from ..workloads import check_workload
 from . import fib_model as fib
@@ -205,7 +207,9 @@ class Importer:
         staging = Staging(self.root, self.root / CACHE_DIR_NAME / "import-staging")
         try:
             summary = DefinitionImport(self, name, staging).run()
-            staging.commit()
+            traces = self.root / "traces"  # a run writing there would set the imported traces aside
+            with sole_writer(traces) if traces.is_dir() else contextlib.nullcontext():
+                staging.commit()
             return summary
         except (FlashbenchError, BindingError, ValueError, OSError) as exc:
             failed = Summary()
@@ -319,9 +323,9 @@ class DefinitionImport:
             return
         try:
             workload, blobs = workload_to_ours(record, self.dataset.root, where)
-            names = set(self.workload_names.values()) - {""}
-            if workload.name in names or workload.name in self.workload_names or uuid in names:
-                raise ValueError(f"its name or uuid is another workload's name or uuid here ({workload.name or uuid})")
+            clash = naming_clash(set(self.workload_names.values()), set(self.workload_names), workload)
+            if clash:
+                raise ValueError(clash)
             check_workload(definition, workload, self.dataset.root)
             new_blobs = [blob for blob in blobs if self.blob_needed(blob)]
         except (FlashbenchError, BindingError, ValueError) as exc:
@@ -560,6 +564,9 @@ def definition_to_ours(record: fib.FibDefinition) -> dict:
         data["tags"] = record.tags
     data["axes"] = {k: axis(a) for k, a in record.axes.items()}
     data["inputs"] = {k: tensor(t) for k, t in record.inputs.items()}
+    for name in (record.flashbench.constant_inputs if record.flashbench else []):
+        if name in data["inputs"]:
+            data["inputs"][name]["constant"] = True
     data["outputs"] = {k: tensor(t) for k, t in record.outputs.items()}
     if record.constraints:
         data["constraints"] = record.constraints

@@ -58,6 +58,7 @@ class DefinitionExtension(Strict):
     evaluator: Evaluator = AllClose()
     cost: CostModel | None = None
     workloads_version: int | None = Field(None, ge=1, description="the version of the definition's workload set")
+    constant_inputs: list[str] = Field([], description="inputs the same on every call (InputSpec.constant)")
 
 
 class WorkloadExtension(Strict):

@@ -64,9 +64,9 @@ class TensorSpec(Strict):
 
 class InputSpec(TensorSpec):
     constant: bool = Field(False, description="the same on every call of the system modelled (a model weight such as "
-                                              "a per-head sink): a workload may capture it, and a solution may keep "
-                                              "what it derives from it; any other input that carries data must change "
-                                              "from call to call")
+                                              "a per-head sink): a workload may capture it, calls do not redraw it, "
+                                              "and a solution may keep what it derives from it; any other input that "
+                                              "carries data changes from call to call")
 
 
 class Tolerance(Strict):

@@ -53,9 +53,10 @@ def printable_line(text: str) -> str:
 
 
 def printable_lines(text: str) -> str:
-    """`text` as lines of printable characters and tabs: a carriage return before a line break goes, any other
-    control character (one that could move the cursor or set a terminal's clipboard) becomes a '?'."""
-    lines = text.replace("\r\n", "\n").split("\n")
+    """`text` as lines of printable characters and tabs: a carriage return ends a line (a progress bar's redraws
+    become lines), any other control character (one that could move the cursor or set a terminal's clipboard)
+    becomes a '?'."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     return "\n".join(line if line.isprintable() else "".join(c if c.isprintable() or c == "\t" else "?" for c in line)
                      for line in lines)
 

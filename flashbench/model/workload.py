@@ -203,19 +203,27 @@ class WorkloadSet(Strict):
 
     @model_validator(mode="after")
     def _unique_uuids_and_names(self):
-        """A workload is picked and shown by its name or its uuid: two by one name would be two rows no one can tell
-        apart, and `--workload NAME` would pick both."""
-        uuids = {workload.uuid for workload in self.workloads}
-        seen_uuids: set[str] = set()
-        seen_names: set[str] = set()
+        names: set[str] = set()
+        uuids: set[str] = set()
         for i, workload in enumerate(self.workloads):
-            if workload.uuid in seen_uuids:
-                raise ValueError(f"workloads[{i}].uuid: {workload.uuid} appears twice")
-            if workload.name in seen_names:
-                raise ValueError(f"workloads[{i}].name: {workload.name} appears twice")
-            if workload.name in uuids:
-                raise ValueError(f"workloads[{i}].name: {workload.name} is another workload's uuid")
-            seen_uuids.add(workload.uuid)
-            if workload.name:
-                seen_names.add(workload.name)
+            clash = naming_clash(names, uuids, workload)
+            if clash:
+                raise ValueError(f"workloads[{i}].{clash}")
+            names.add(workload.name)
+            uuids.add(workload.uuid)
         return self
+
+
+def naming_clash(names: set[str], uuids: set[str], workload: Workload) -> str | None:
+    """Why `workload` cannot join a set whose workloads have these names and uuids ("field: reason"): a workload is
+    picked and shown by its name or its uuid, and two by one name would be two rows no one can tell apart,
+    `--workload NAME` picking both."""
+    if workload.uuid in uuids:
+        return f"uuid: {workload.uuid} appears twice"
+    if workload.name and workload.name in names:
+        return f"name: {workload.name} appears twice"
+    if workload.name and workload.name in uuids:
+        return f"name: {workload.name} is another workload's uuid"
+    if workload.uuid in names:
+        return f"uuid: {workload.uuid} is another workload's name"
+    return None

@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .recipe import DEFAULT_FLUSH, FLUSH_METHODS
 
@@ -18,8 +18,9 @@ def default_memory_limit() -> int | None:
 
 class RunOptions(BaseModel):
     """Checked as the CLI's options are (the Python API passes them on as given): a count below its least, a
-    timeout that is not a positive number or an unknown flush is an error naming the field."""
+    timeout that is not a positive number (inf: none), an unknown flush or option is an error naming the field."""
 
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
     device: str = "cpu"  # names the hardware (and so the trace file); references run on its type
     devices: list[str] | None = None  # the pool the jobs are spread over; None: [device]
     backend: str = "local"  # local: the pool, in this process; ray: Ray tasks
@@ -28,7 +29,7 @@ class RunOptions(BaseModel):
     iters: int = Field(50, ge=1)  # at least this many timed calls per job, within TIMED_BUDGET_MS
     seed: int | None = None  # None: input seeds drawn afresh for the run, unknown to any solution
     input_sets: int = Field(3, ge=1)
-    timeout: float = Field(300.0, gt=0, allow_inf_nan=False)
+    timeout: float = Field(300.0, gt=0)
     timing: str = "events"
     flush: str = DEFAULT_FLUSH
     # Timed calls checked per job, picked at random after they ran; None: all of them (on a CPU,

@@ -36,18 +36,7 @@ class Job:
 
 
 def select_workloads(repo: Repo, definition: str, selectors: list[str], device: str) -> list[Workload]:
-    """By uuid, uuid prefix, name or tag; with none given, all (only 'smoke' ones on a CPU). One that `validate`
-    refuses is refused here, before any pair runs: its pairs would fail every solution, the reference's too."""
-    chosen = _chosen_workloads(repo, definition, selectors, device)
-    path = repo.workloads_path(definition)
-    for workload in chosen:
-        problem = workload_problem(repo.definition(definition), workload, path.parent)
-        if problem:
-            raise FlashbenchError(problem, path, f"workload {workload.label}")
-    return chosen
-
-
-def _chosen_workloads(repo: Repo, definition: str, selectors: list[str], device: str) -> list[Workload]:
+    """By uuid, uuid prefix, name or tag; with none given, all (only 'smoke' ones on a CPU)."""
     workload_set = repo.workload_set(definition)
     if workload_set is None:
         raise FlashbenchError(f"no workloads; add {repo.workloads_path(definition).relative_to(repo.root)}")
@@ -66,6 +55,16 @@ def _chosen_workloads(repo: Repo, definition: str, selectors: list[str], device:
             raise FlashbenchError(f"no workload matches {selector!r}; names and tags: {known}")
         chosen += [w for w in matched if w not in chosen]
     return chosen
+
+
+def refuse_invalid_workloads(repo: Repo, definition: str, workloads: list[Workload]) -> None:
+    """A workload `validate` refuses is refused before any pair runs: its pairs would fail every solution, the
+    reference's too. (Its index structure is made to check it: up to a second for the largest.)"""
+    path = repo.workloads_path(definition)
+    for workload in workloads:
+        problem = workload_problem(repo.definition(definition), workload, path.parent)
+        if problem:
+            raise FlashbenchError(problem, path, f"workload {workload.label}")
 
 
 def select_solutions(repo: Repo, definition: str, selectors: list[str], cache_dir: Path | None = None) -> list[SolutionFolder]:

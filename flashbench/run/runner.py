@@ -28,7 +28,7 @@ from ..traces import read_traces, trace_path
 from ..workloads import generate_inputs
 from .jobs import JobJudge, JudgeConfig
 from .options import RunOptions
-from .plan import Candidate, Job, candidates
+from .plan import Candidate, Job, candidates, refuse_invalid_workloads
 from .recorder import TRACE_FILE_CHANGED, TraceRecorder, rejected
 from .recipe import FLUSH_BYTES, flush_label
 from .resume import settled
@@ -77,6 +77,7 @@ class Runner:
         """Every (candidate, workload) job. The reference's jobs run first (across the pool) and
         the others only once those are recorded, so every speedup has its reference latency.
         `advance` is called as each pair ends, `on_phase` as a job enters a phase (jobs.PHASES)."""
+        refuse_invalid_workloads(self.repo, self.definition.name, workloads)
         config = JudgeConfig.for_run(self.definition, self.repo.root, self.repo.definition_path(self.definition.name),
                                      self.options, self.hardware)
         judge = JobJudge(config, on_phase)

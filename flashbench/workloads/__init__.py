@@ -66,8 +66,9 @@ def generate_inputs(
                 inputs[name] = random_tensor(descriptor, shape, spec.dtype, random_seed(seed, workload, name), device)
             except ValueError as exc:
                 if name not in workload.inputs:  # drawn by default: often an input a generator ought to make
-                    raise BindingError(f"inputs.{name}: not given, so drawn at random, and {exc}; or capture it, or add "
-                                       "the generator that makes it (an FP8 cache, an index table) to `generate`") from None
+                    raise BindingError(f"inputs.{name}: not given, so drawn at random, and {exc}; or capture it, or "
+                                       "add the generator that makes it (an FP8 cache, an index table) to `generate`"
+                                       ) from None
                 raise BindingError(f"inputs.{name}: {exc}") from None
     bound = bind_axes(definition, inputs)
     for axis, value in workload.axes.items():
@@ -110,11 +111,12 @@ def random_seed(seed: int, workload: Workload, name: str) -> int:
 
 
 def random_inputs(definition: Definition, workload: Workload) -> list[str]:
-    """Inputs drawn from `random` descriptors (explicit or by default), not by a generator."""
+    """Inputs drawn from `random` descriptors (explicit or by default), not by a generator, that every call draws
+    afresh: all but those the definition declares constant (a model weight stays what it was drawn as)."""
     generated = set(structured_inputs(workload, "meta")[0])
     return [
         name for name, spec in definition.inputs.items()
-        if spec.shape is not None and name not in generated
+        if spec.shape is not None and name not in generated and not spec.constant
         and isinstance(workload.inputs.get(name, DEFAULT_RANDOM), RandomInput)
     ]
 

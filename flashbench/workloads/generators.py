@@ -120,8 +120,8 @@ def block_table(spec: BlockTable, rng: np.random.Generator) -> GeneratedInputs:
     if width < longest:
         raise ValueError(f"max_blocks_per_seq {width} is smaller than the longest request's {longest} blocks")
     if 0 <= spec.unused < pool:
-        raise ValueError(f"unused {spec.unused} is a real block id (the pool has {pool}); use -1 (or an id past the pool "
-                         "where the definition allows one)")
+        raise ValueError(f"unused {spec.unused} is a real block id (the pool has {pool}); use -1 (or an id past the "
+                         "pool where the definition allows one)")
     # Real caches hand out blocks in no particular order: a random permutation of the pool.
     ids = rng.permutation(pool)[:needed].astype(np.int32)
     table = np.full((len(seqlens), width), spec.unused, dtype=np.int32)

@@ -137,13 +137,17 @@ def append(path: Path, make, per: int, draw: Draw, empty: str | None = None) -> 
     """PER random workloads from `make`, then the EMPTY one named (its uuid from the seed: the random
     draws stay those of earlier versions of this tool)."""
     document = yaml.safe_load(path.read_text())
-    for i in range(per):
+    # Names a set holds once: a second sweep's (another seed) are numbered on from the first's.
+    taken = {w.get("name") for w in document["workloads"]}
+    names = (name for name in (f"fuzz{n}" for n in range(len(taken) + per + 1)) if name not in taken)
+    for _ in range(per):
         workload = make()
-        workload.update(uuid=str(uuid.UUID(int=draw.rng.getrandbits(128))), name=f"fuzz{i}", tags=["fuzz"])
+        workload.update(uuid=str(uuid.UUID(int=draw.rng.getrandbits(128))), name=next(names), tags=["fuzz"])
         document["workloads"].append(workload)
     if empty:
         named = uuid.uuid5(uuid.NAMESPACE_URL, f"flashbench-fuzz/{draw.seed}/{path.name}")
-        document["workloads"].append({"uuid": str(named), "name": "fuzz_empty", "tags": ["fuzz"], **EMPTY[empty]})
+        name = "fuzz_empty" if "fuzz_empty" not in taken else f"fuzz_empty_{draw.seed}"
+        document["workloads"].append({"uuid": str(named), "name": name, "tags": ["fuzz"], **EMPTY[empty]})
     path.write_text(yaml.safe_dump(document, sort_keys=False))
 
 

@@ -43,6 +43,15 @@ def test_every_appended_workload_is_valid(tmp_path, monkeypatch):
     assert len(checked) == 14
 
 
+def test_a_second_sweep_of_another_seed_in_one_copy_keeps_names_unique(tmp_path, monkeypatch):
+    """Workload sets refuse a name twice: a second sweep's workloads are numbered on, its empty batch named by seed."""
+    root = fuzzed_copy(tmp_path, monkeypatch, seed=3)
+    fuzz.main(4, 1)
+    decode = fuzz_workloads(root)["mla_paged_decode_h16_ckv512_kpe64_ps1.workloads.yaml"]
+    assert [w["name"] for w in decode] == ["fuzz0", "fuzz_empty", "fuzz1", "fuzz_empty_4"]
+    assert Repo(root).workload_set("mla_paged_decode_h16_ckv512_kpe64_ps1") is not None
+
+
 def test_the_same_seed_gives_the_same_workloads(tmp_path, monkeypatch):
     first = fuzz_workloads(fuzzed_copy(tmp_path / "a", monkeypatch, seed=5))
     second = fuzz_workloads(fuzzed_copy(tmp_path / "b", monkeypatch, seed=5))

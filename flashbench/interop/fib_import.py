@@ -33,9 +33,9 @@ from ..errors import FlashbenchError
 from ..model import (REFERENCE, Definition, OutputError, Performance, Trace, Workload, WorkloadSet, load_model,
                      parse_model)
 from ..model.definition import INTEGER_DTYPES
-from ..model.workload import naming_clash
 from ..model.loading import read_bounded, validation_error
 from ..model.solution import SHARED_FOLDER
+from ..model.workload import naming_clash
 from ..reference import reference_file
 from ..registry import WORKLOADS_SUFFIX, Repo, case_twin, load_solution_folder
 from ..traces import hardware_slug, read_traces, sole_writer, trace_file_name

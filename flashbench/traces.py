@@ -53,22 +53,35 @@ def check_writable(path: Path) -> None:
 def sole_writer(trace_dir: Path):
     """Held while a run writes under `trace_dir`, so that a second run there waits for it: a run takes any file
     it did not write under its trace directory for a forgery and sets it aside, so two runs side by side would
-    set aside each other's records. Released when the holder ends, however it ends (a lock on the directory)."""
+    set aside each other's records. The directory is locked for this writer alone and each folder above it for
+    writers below it (a run into traces/ watches traces/imported/x/ too); released when the holder ends, however
+    it ends (locks on the folders, this machine's own)."""
     try:
         trace_dir.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(trace_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        folder = trace_dir.resolve()
     except OSError as exc:
         raise FlashbenchError(f"cannot write traces: {exc.strerror}", trace_dir) from None
-    try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for another flashbench run writing traces under {trace_dir} to end "
-                  f"(with another --trace-dir they run side by side)", file=sys.stderr, flush=True)
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
+    with contextlib.ExitStack() as held:
+        for above in reversed(folder.parents):  # from the root down: every writer takes them in one order
+            _lock(held, above, fcntl.LOCK_SH, trace_dir, required=False)
+        _lock(held, folder, fcntl.LOCK_EX, trace_dir, required=True)
         yield
-    finally:
-        os.close(descriptor)
+
+
+def _lock(held: contextlib.ExitStack, folder: Path, kind: int, trace_dir: Path, required: bool) -> None:
+    try:
+        descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        if not required:  # a folder above that cannot be read: no writer can lock it either
+            return
+        raise FlashbenchError(f"cannot write traces: {exc.strerror}", trace_dir) from None
+    held.callback(os.close, descriptor)
+    try:
+        fcntl.flock(descriptor, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"waiting for another flashbench run writing traces under {folder} to end "
+              f"(with another --trace-dir, not inside it, they run side by side)", file=sys.stderr, flush=True)
+        fcntl.flock(descriptor, kind)
 
 
 def append_trace(path: Path, trace: Trace) -> None:

@@ -61,7 +61,7 @@ def test_a_folder_without_nul_bytes_keeps_the_plain_hash(tmp_path):
 def test_a_plain_folder_is_walked_and_checked(folder):
     assert folder_files(folder) == {"kernel.py": folder / "kernel.py", "sub/util.py": folder / "sub" / "util.py"}
     assert folder_problem(folder, solution()) is None
-    assert "kernel.cu does not exist" in folder_problem(folder, solution(entry_point="kernel.cu::run"))
+    assert "missing.py does not exist" in folder_problem(folder, solution(entry_point="missing.py::run"))
 
 
 def test_a_huge_sparse_file_is_refused_by_its_size_before_it_is_read(folder, monkeypatch):

@@ -341,6 +341,16 @@ def write_solution(tmp_path: Path, dependencies: list[str]) -> Path:
     return path
 
 
+@pytest.mark.parametrize("entry", ["kernel::run", "kernel.PY::run", "kernel.pyc::run", "src/kernel.so::run"])
+def test_a_python_entry_file_is_python_source(tmp_path, entry):
+    """A file Python's loader does not know ended the build with a bare AttributeError; bytecode ran what neither
+    validate nor a reader can see."""
+    path = tmp_path / "solution.yaml"
+    path.write_text(yaml.safe_dump({**SOLUTION_MANIFEST, "entry_point": entry}))
+    with pytest.raises(FlashbenchError, match="must be a Python source file"):
+        load_model(Solution, path)
+
+
 @pytest.mark.parametrize("dependency, name", [
     ("torch", "torch"), ("flash-mla", "flash-mla"), ("torch>=2.4", "torch"), ("triton == 3.1.0", "triton"),
     ("flashinfer-python >= 0.2, < 0.3", "flashinfer-python"), ("zope.interface>=6", "zope.interface")])

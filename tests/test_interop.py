@@ -613,6 +613,21 @@ def test_a_workload_whose_uuid_is_a_name_here_is_skipped_and_the_set_still_loads
     assert [w.name for w in Repo(repo).workload_set(ADD).workloads] == ["named_workload"]
 
 
+def test_a_workload_run_would_refuse_is_not_imported(tmp_path):
+    """A dataset's workload capturing a query (data no call redraws) was imported into the repository's set; then
+    `run` refused the whole definition, every default CPU run and `submit` included."""
+    root = make_dataset(tmp_path / "fib")
+    save_file({"q_pe": torch.zeros(2, 16, 64, dtype=torch.bfloat16)}, str(root / "blob" / "q_pe.safetensors"))
+    hostile = captured()
+    hostile["uuid"] = "0bad0bad-0000-4000-8000-000000000001"
+    hostile["inputs"]["q_pe"] = {"type": "safetensors", "path": "./blob/q_pe.safetensors", "tensor_key": "q_pe"}
+    write(root / "workloads/mla_paged" / f"{DEF}.jsonl", [{"definition": DEF, "workload": hostile}])
+    repo = empty_repo(tmp_path / "repo")
+    summary = import_fib(root, repo, "fib")
+    assert any("inputs q_pe carry data that no call redraws" in why for why in rows(summary, DEF, "workload", "skipped"))
+    assert hostile["uuid"] not in {w.uuid for w in Repo(repo).workload_set(DEF).workloads}
+
+
 def test_an_import_waits_for_a_run_writing_the_trace_directory(tmp_path, capsys):
     """A run sets aside any file it did not write under its trace directory: traces imported meanwhile left the
     boards as `*.untrusted`. The import waits for the run (its lock on the folder), as a second run does."""

@@ -3,6 +3,8 @@
 import os
 import threading
 
+import pytest
+
 from flashbench.run.recorder import TRACE_FILE_CHANGED, UNTRUSTED_SUFFIX, TraceRecorder
 from flashbench.traces import read_traces
 
@@ -92,3 +94,32 @@ def test_a_second_run_into_the_same_trace_directory_waits_for_the_first(tmp_path
     assert entered.is_set() and not first.untrusted and not second.untrusted
     assert [t.solution for t in read_traces(first.trace_file)] == ["a"]
     assert [t.solution for t in read_traces(second.trace_file)] == ["b"]
+
+
+@pytest.mark.parametrize("first, second", [("traces", "traces/imported/x"), ("traces/imported/x", "traces")])
+def test_runs_into_a_trace_directory_and_one_inside_it_wait_for_each_other(tmp_path, capsys, first, second):
+    """A run watches its trace directory's whole tree: the run into traces/ set aside the records of a run into a
+    folder inside it. Whichever starts second waits; runs into sibling folders do not."""
+    def recorder(folder):
+        return TraceRecorder(tmp_path / folder / "cpu_x86_64" / "op.jsonl", tmp_path / folder, save=True)
+
+    holder = recorder(first).__enter__()
+    with recorder("elsewhere"):  # a sibling of both: no wait
+        pass
+    entered = threading.Event()
+    waiting = recorder(second)
+
+    def run_second():
+        with waiting:
+            entered.set()
+            waiting.record(make_trace("b", "w1"))
+
+    thread = threading.Thread(target=run_second)
+    thread.start()
+    while "waiting for another flashbench run" not in capsys.readouterr().err:
+        assert thread.is_alive() and not entered.is_set()
+        entered.wait(0.01)
+    holder.record(make_trace("a", "w1"))
+    holder.__exit__(None, None, None)
+    thread.join()
+    assert entered.is_set() and not holder.untrusted and not waiting.untrusted

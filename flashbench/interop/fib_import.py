@@ -40,7 +40,7 @@ from ..reference import reference_file
 from ..registry import WORKLOADS_SUFFIX, Repo, case_twin, load_solution_folder
 from ..traces import hardware_slug, read_traces, sole_writer, trace_file_name
 from ..validate import check_source_statically
-from ..workloads import check_workload
+from ..workloads import workload_problem
 from . import fib_model as fib
 from .fib_solution import (FolderPlan, check_folder, holds_exactly, plan_folder, safe_name, same_files, write_files,
                            write_folder)
@@ -326,7 +326,9 @@ class DefinitionImport:
             clash = naming_clash(set(self.workload_names.values()), set(self.workload_names), workload)
             if clash:
                 raise ValueError(clash)
-            check_workload(definition, workload, self.dataset.root)
+            problem = workload_problem(definition, workload, self.dataset.root)  # as validate and run refuse
+            if problem:
+                raise ValueError(problem)
             new_blobs = [blob for blob in blobs if self.blob_needed(blob)]
         except (FlashbenchError, BindingError, ValueError) as exc:
             self.rejected.add(uuid)

@@ -84,6 +84,13 @@ class Solution(Strict):
         return self
 
     @model_validator(mode="after")
+    def _python_entry_is_source(self):
+        if self.language != "cuda" and not self.entry_file.endswith(".py"):  # `.pyc` would run what no one can read
+            raise ValueError(f"entry_point: {self.entry_file!r} must be a Python source file (.py) for language "
+                             f"{self.language!r}")
+        return self
+
+    @model_validator(mode="after")
     def _paths_inside_the_folder(self):
         for field, path in [("entry_point", self.entry_file)] + [("sources", source) for source in self.sources]:
             if path.startswith(("/", "\\")) or ".." in path.replace("\\", "/").split("/"):

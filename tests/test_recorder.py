@@ -70,11 +70,9 @@ def test_a_file_whose_metadata_alone_changed_is_not_set_aside(tmp_path):
     assert not other.exists() and len(recorder.untrusted) == 1
 
 
-def test_a_second_run_into_the_same_trace_directory_waits_for_the_first(tmp_path, capsys):
-    """Two runs of different definitions into one trace directory: each would take the other's records for
-    forgeries and set them aside. The second waits for the first to end, then runs as usual."""
-    first = recorder_in(tmp_path, "first")
-    second = TraceRecorder(tmp_path / "traces" / "cpu_x86_64" / "second.jsonl", tmp_path / "traces", save=True)
+def second_run_waits(first: TraceRecorder, second: TraceRecorder, capsys) -> None:
+    """`second` opened while `first` is open: it says it waits and records nothing until `first` ends; neither
+    sets the other's records aside."""
     entered = threading.Event()
 
     def run_second():
@@ -96,6 +94,13 @@ def test_a_second_run_into_the_same_trace_directory_waits_for_the_first(tmp_path
     assert [t.solution for t in read_traces(second.trace_file)] == ["b"]
 
 
+def test_a_second_run_into_the_same_trace_directory_waits_for_the_first(tmp_path, capsys):
+    """Two runs of different definitions into one trace directory: each would take the other's records for
+    forgeries and set them aside. The second waits for the first to end, then runs as usual."""
+    second = TraceRecorder(tmp_path / "traces" / "cpu_x86_64" / "second.jsonl", tmp_path / "traces", save=True)
+    second_run_waits(recorder_in(tmp_path, "first"), second, capsys)
+
+
 @pytest.mark.parametrize("first, second", [("traces", "traces/imported/x"), ("traces/imported/x", "traces")])
 def test_runs_into_a_trace_directory_and_one_inside_it_wait_for_each_other(tmp_path, capsys, first, second):
     """A run watches its trace directory's whole tree: the run into traces/ set aside the records of a run into a
@@ -106,20 +111,4 @@ def test_runs_into_a_trace_directory_and_one_inside_it_wait_for_each_other(tmp_p
     holder = recorder(first).__enter__()
     with recorder("elsewhere"):  # a sibling of both: no wait
         pass
-    entered = threading.Event()
-    waiting = recorder(second)
-
-    def run_second():
-        with waiting:
-            entered.set()
-            waiting.record(make_trace("b", "w1"))
-
-    thread = threading.Thread(target=run_second)
-    thread.start()
-    while "waiting for another flashbench run" not in capsys.readouterr().err:
-        assert thread.is_alive() and not entered.is_set()
-        entered.wait(0.01)
-    holder.record(make_trace("a", "w1"))
-    holder.__exit__(None, None, None)
-    thread.join()
-    assert entered.is_set() and not holder.untrusted and not waiting.untrusted
+    second_run_waits(holder, recorder(second), capsys)

@@ -69,6 +69,14 @@ def test_show_prints_axes_constraints_and_cost():
     assert f"references/mla_paged/{DECODE}.py" in out
 
 
+def test_show_marks_a_constant_input():
+    result = invoke(REPO, "show", "flashmla_sparse_decode_fp8_sink_h64")
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in result.output.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip()}
+    assert rows["attn_sink"] == "input, constant" and rows["q"] == "input" and rows["out"] == "output"
+
+
 def test_show_and_list_print_a_definitions_words_as_text(root):
     """An imported definition may say anything in its words: escape sequences (a window title, an erased line)
     reached the terminal, and an axis named "a[/x]" ended `show` with a traceback."""

@@ -47,7 +47,8 @@ def show(ctx, name):
         for tensor_name, spec in specs.items():
             shape = "scalar" if spec.shape is None else f"[{', '.join(spec.shape)}]"
             # shown: "[batch_size, ...]" would otherwise be read as rich markup and vanish
-            tensors.add_row(shown(tensor_name), role, shown(shape), spec.dtype, shown(spec.description))
+            kind = "input, constant" if role == "input" and spec.constant else role  # a model weight: not redrawn
+            tensors.add_row(shown(tensor_name), kind, shown(shape), spec.dtype, shown(spec.description))
     console.print(tensors)
     console.print("[bold]constraints[/]")
     for constraint in definition.constraints:

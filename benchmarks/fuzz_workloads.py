@@ -16,6 +16,7 @@ same workloads (uuids included). Run it in a scratch copy, never in a checkout y
 docs/peers.md ("Correctness on random workloads") has what a sweep found.
 """
 
+import itertools
 import random
 import sys
 import uuid
@@ -139,7 +140,7 @@ def append(path: Path, make, per: int, draw: Draw, empty: str | None = None) -> 
     document = yaml.safe_load(path.read_text())
     # Names a set holds once: a second sweep's (another seed) are numbered on from the first's.
     taken = {w.get("name") for w in document["workloads"]}
-    names = (name for name in (f"fuzz{n}" for n in range(len(taken) + per + 1)) if name not in taken)
+    names = (f"fuzz{n}" for n in itertools.count() if f"fuzz{n}" not in taken)
     for _ in range(per):
         workload = make()
         workload.update(uuid=str(uuid.UUID(int=draw.rng.getrandbits(128))), name=next(names), tags=["fuzz"])

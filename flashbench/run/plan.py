@@ -57,12 +57,12 @@ def select_workloads(repo: Repo, definition: str, selectors: list[str], device: 
     return chosen
 
 
-def refuse_invalid_workloads(repo: Repo, definition: str, workloads: list[Workload]) -> None:
+def refuse_invalid_workloads(repo: Repo, definition: Definition, workloads: list[Workload]) -> None:
     """A workload `validate` refuses is refused before any pair runs: its pairs would fail every solution, the
     reference's too. (Its index structure is made to check it: up to a second for the largest.)"""
-    path = repo.workloads_path(definition)
+    path = repo.workloads_path(definition.name)
     for workload in workloads:
-        problem = workload_problem(repo.definition(definition), workload, path.parent)
+        problem = workload_problem(definition, workload, path.parent)
         if problem:
             raise FlashbenchError(problem, path, f"workload {workload.label}")
 

@@ -1,5 +1,7 @@
-"""Turning workloads into inputs: the paged_kv generator, length distributions, seeds, safetensors."""
+"""Turning workloads into inputs: the paged_kv generator, length distributions, seeds, safetensors, the rules
+captured index structure is held to."""
 
+import importlib.util
 import shutil
 from pathlib import Path
 
@@ -11,9 +13,11 @@ from pydantic import ValidationError
 from safetensors.torch import save_file
 
 from flashbench import BindingError, Repo, Workload, bind_axes, generate_inputs, validate
+from flashbench.errors import FlashbenchError
 from flashbench.model import Lengths, PagedKV
 from flashbench.model.workload import RandomInput
-from flashbench.workloads import GENERATORS, sample_lengths
+from flashbench.run.plan import refuse_invalid_workloads
+from flashbench.workloads import GENERATORS, sample_lengths, structured_inputs
 from flashbench.workloads.tensors import random_tensor
 
 REPO = Path(__file__).resolve().parents[1]
@@ -590,3 +594,119 @@ def test_a_random_tensor_holds_the_values_the_out_of_place_formula_gives(spec, d
     else:
         formula = torch.randn([4096], generator=generator) * spec.std + spec.mean
     assert torch.equal(made, formula.to(made.dtype))
+
+
+# Captured index structure: what the generator that makes such inputs makes (generators.INDEX_RULES), whatever the
+# definition's constraints say. They bound values, and let a -1 among a request's blocks or offsets that go down
+# through: the reference and every solution then read garbage.
+
+_fuzz_spec = importlib.util.spec_from_file_location("fuzz_workloads", REPO / "benchmarks" / "fuzz_workloads.py")
+fuzz = importlib.util.module_from_spec(_fuzz_spec)
+_fuzz_spec.loader.exec_module(fuzz)
+FUZZ_EMPTY = {DECODE: "decode", PREFILL: "prefill", "mha_varlen_prefill_causal_h128_dqk128_dv128": "varlen",
+              "mha_varlen_prefill_causal_h128_dqk192_dv128": "varlen"}
+
+
+def captured_set(root: Path, name: str, workloads: list[Workload], corrupt=None) -> Path:
+    """The workload file of `name` under `root`, now holding `workloads` with the integer tensors their generators
+    make captured instead (blob<i>.safetensors beside it; `corrupt(tensors)` edits them first); what they make
+    of floating point is left to the default draw."""
+    repo = Repo(root)
+    definition, path = repo.definition(name), repo.workloads_path(name)
+    records = []
+    for i, workload in enumerate(workloads):
+        made, axes = structured_inputs(workload, "meta")
+        tensors = {key: value for key, value in made.items() if not value.is_floating_point()}
+        if corrupt:
+            corrupt(tensors)
+        save_file(tensors, str(path.parent / f"blob{i}.safetensors"))
+        blobs = {key: {"type": "safetensors", "path": f"blob{i}.safetensors", "tensor_key": key} for key in tensors}
+        given = {key: value.model_dump(exclude_defaults=True) for key, value in workload.inputs.items()}
+        records.append({"uuid": workload.uuid, "name": workload.name, "inputs": {**given, **blobs},
+                        "axes": {**{a: v for a, v in axes.items() if a in definition.var_axes}, **workload.axes}})
+    data = yaml.safe_load(path.read_text())
+    data["workloads"] = records
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def named(root: Path, name: str, workload: str) -> Workload:
+    return next(w for w in Repo(root).workload_set(name).workloads if w.name == workload)
+
+
+@pytest.mark.parametrize("name", Repo(REPO).names())
+def test_the_structure_a_generator_makes_is_valid_captured(root, name):
+    """Every smoke workload and the sweep's empty batch (requests with no query or no key, trailing, scattered and
+    mixed invalid sparse entries, queries with none valid, topk_length), captured as made, validates."""
+    empty = [fuzz.EMPTY[FUZZ_EMPTY[name]]] if name in FUZZ_EMPTY else []
+    workloads = [w for w in Repo(root).workload_set(name).workloads if "smoke" in w.tags]
+    workloads += [Workload.model_validate({"uuid": "fuzz-empty-0001", "name": "fuzz_empty", **w}) for w in empty]
+    path = captured_set(root, name, workloads)
+    assert validate(Repo(root), [path])[0].errors == ()
+
+
+def put(name: str, at, value):
+    """A corruption: entries `at` of input `name` set to `value`."""
+    return lambda tensors: tensors[name].__setitem__(at, torch.tensor(value))
+
+
+@pytest.mark.parametrize("name, workload, corrupt, message", [
+    # request 4 holds 70 tokens, in the first two slots of its row: the reference read block -1
+    ("flashmla_decode_causal_h16_ckv512_kpe64_ps64", "smoke_b8_sq2", put("block_table", (4, 1), -1),
+     "block_table[4, 1] is -1, a slot its request's cache_seqlens fills, yet not one of the 16 blocks"),
+    ("flashmla_decode_causal_h128_ckv512_kpe64_ps64", "smoke_sq1", put("block_table", (2, 0), -1),
+     "block_table[2, 0] is -1, a slot its request's cache_seqlens fills, yet not one of the 10 blocks"),
+    # from 0 to the length of kv_indices, as the constraints ask, but going down on the way
+    (DECODE, "smoke_mixed", put("kv_indptr", slice(1, 3), [69, 5]),
+     "kv_indptr[2] is 5, less than the offset before it: a request of negative length"),
+    (PREFILL, "smoke_three", put("qo_indptr", slice(1, 3), [8, 1]),
+     "qo_indptr[2] is 1, less than the offset before it: a request of negative length"),
+    (PREFILL, "smoke_three", put("kv_indptr", slice(1, 3), [30, 10]),
+     "kv_indptr[2] is 10, less than the offset before it: a request of negative length"),
+])
+def test_validate_and_run_refuse_captured_structure_no_generator_makes(root, name, workload, corrupt, message):
+    path = captured_set(root, name, [named(root, name, workload)], corrupt)
+    (checked,) = validate(Repo(root), [path])
+    field = message.split("[")[0]
+    assert checked.errors == (f"{path}: workloads[0] ({workload}): inputs.{field}: {message}",)
+    repo = Repo(root)
+    with pytest.raises(FlashbenchError, match=f"workload {workload}: inputs.{field}: "):
+        refuse_invalid_workloads(repo, repo.definition(name), repo.workload_set(name).workloads)
+
+
+SPARSE_DECODE = "flashmla_sparse_decode_fp8_sink_h64_ckv512_kpe64_ps64_topk2048"
+SPARSE_PREFILL = "flashmla_sparse_prefill_sink_topklen_h128_ckv512_kpe64_topk2048"
+
+
+@pytest.mark.parametrize("name, workload, corrupt, field, message", [
+    (DECODE, "smoke_mixed", put("kv_indptr", 0, 1), "kv_indptr", "starts with 1, not 0"),
+    (DECODE, "smoke_mixed", put("kv_indptr", -1, 213), "kv_indptr", "ends at 213, but the length of kv_indices is 214"),
+    (DECODE, "smoke_mixed", put("kv_indices", 3, 512), "kv_indices", "kv_indices[3] is 512, not one of the 512 pages"),
+    (PREFILL, "smoke_square", put("qo_indptr", -1, 18), "qo_indptr", "ends at 18, but total_q is 19"),
+    ("flashmla_decode_causal_h16_ckv512_kpe64_ps64", "smoke_sq1", put("cache_seqlens", 1, -3), "cache_seqlens",
+     "cache_seqlens[1] is -3, a negative length"),
+    ("flashmla_decode_causal_h16_ckv512_kpe64_ps64", "smoke_sq1", put("cache_seqlens", 0, 193), "cache_seqlens",
+     "cache_seqlens[0] is 193, more blocks than the table's 3 slots"),
+    ("flashmla_decode_causal_h16_ckv512_kpe64_ps64", "smoke_sq1", put("block_table", (2, 1), 10), "block_table",
+     "block_table[2, 1] is 10, a slot its request's cache_seqlens fills, yet not one of the 10 blocks"),
+    ("mha_varlen_prefill_causal_h128_dqk192_dv128", "smoke_varlen", put("cu_seqlens_k", 1, 2), "cu_seqlens_k",
+     "cu_seqlens_k[1] is 2, leaving the sequence it ends fewer keys than queries"),
+    (SPARSE_DECODE, "smoke_sq1", put("indices", (2, 0, 5), -2), "indices",
+     "indices[2, 0, 5] is -2, neither -1 nor one of the 256 cache tokens"),
+    (SPARSE_DECODE, "smoke_sq1", put("indices", (1, 0, 0), 256), "indices",
+     "indices[1, 0, 0] is 256, neither -1 nor one of the 256 cache tokens"),
+    (SPARSE_PREFILL, "smoke_two_requests", put("indices", (3, 0, 7), -5), "indices",
+     "indices[3, 0, 7] is -5, neither a key id nor invalid (-1, or >= 17)"),
+    (SPARSE_PREFILL, "smoke_invalid_mixed", put("topk_length", 1, 2049), "topk_length",
+     "topk_length[1] is 2049, not a count of 0 to topk (2048) entries"),
+])
+def test_captured_structure_is_held_to_its_generators_rule_whatever_the_constraints(root, name, workload, corrupt,
+                                                                                     field, message):
+    """The rules are the generators', not the definition's constraints (these ones bound the values too): a
+    definition with none, as an import may bring, still gets its captured structure checked."""
+    definition_path = next((root / "definitions").glob(f"*/{name}.yaml"))
+    document = yaml.safe_load(definition_path.read_text())
+    definition_path.write_text(yaml.safe_dump({**document, "constraints": []}, sort_keys=False))
+    path = captured_set(root, name, [named(root, name, workload)], corrupt)
+    (checked,) = validate(Repo(root), [path])
+    assert checked.errors == (f"{path}: workloads[0] ({workload}): inputs.{field}: {message}",)

@@ -23,7 +23,7 @@ from ..binding import BindingError, bind_axes
 from ..dtypes import is_float
 from ..model import Definition, Workload
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
-from .generators import DATA_OUTPUTS, GENERATORS, GeneratedData, sample_lengths
+from .generators import DATA_OUTPUTS, GENERATORS, INDEX_RULES, GeneratedData, sample_lengths
 from .tensors import DEFAULT_RANDOM, random_tensor, refill_random, safetensors_tensor, scalable, scalar_value, symmetric
 
 __all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "whole_redrawn",
@@ -74,7 +74,24 @@ def generate_inputs(
     for axis, value in workload.axes.items():
         if bound.get(axis) != value:
             raise BindingError(f"axes.{axis} is {value} in the workload but the inputs give {bound.get(axis)}")
+    check_captured_structure(definition, workload, inputs, bound)
     return inputs
+
+
+def check_captured_structure(definition: Definition, workload: Workload, inputs: dict[str, Any],
+                             axes: dict[str, int]) -> None:
+    """Captured index inputs must be what the generator that makes such inputs makes: each rule of INDEX_RULES
+    whose inputs and axes the definition has holds of them. The constraints let through what no generator makes
+    (a -1 among the blocks a request reads, offsets that go down), on which the reference and every solution
+    read garbage. A generator's own structure is valid as made (the tests hold it to these rules)."""
+    for rule in INDEX_RULES:
+        if not (set(rule.inputs) <= set(definition.inputs) and set(rule.axes) <= set(axes)):
+            continue
+        if any(isinstance(workload.inputs.get(name), SafetensorsInput) for name in rule.inputs):
+            try:
+                rule.check({name: inputs[name].cpu().numpy() for name in rule.inputs}, axes)
+            except ValueError as exc:
+                raise BindingError(str(exc)) from None
 
 
 def check_workload(definition: Definition, workload: Workload, base_dir: Path) -> None:

@@ -11,6 +11,10 @@ registers with @register("name", data=describe), takes a second generator `data_
 input set's secret seed; without it, the structure's generator goes on), and `describe(spec, rng)`
 says which of its outputs are data and how a call redraws a window of each (GeneratedData),
 recomputing from the structure's generator whatever the window needs (which rows carry data).
+
+What a generator guarantees of its index structure is also a rule (IndexRule, @register("name",
+rules=...)) for the same structure captured in a workload instead of made: the definitions' constraints
+bound values, and let through structures no generator makes, on which the reference computes garbage.
 """
 
 import functools
@@ -51,14 +55,38 @@ DescribeData = Callable[..., dict[str, GeneratedData]]
 DATA_OUTPUTS: dict[str, DescribeData] = {}
 
 
-def register(name: str, data: DescribeData | None = None):
-    """`data(spec, rng)`: the generator's data outputs for `spec` (rng as the generator gets it)."""
+@dataclass(frozen=True)
+class IndexRule:
+    """What a generator's index structure is, for the same inputs captured: it applies to a definition that has
+    `inputs` and `axes`, and `check(arrays, axes)` (those inputs as numpy arrays, the bound axes) raises
+    ValueError naming the input at fault. Entries a definition never reads (table slots past a request's
+    blocks) are left to its constraints, which state its invalid-entry convention (-1, or ids past the cache)."""
+
+    inputs: tuple[str, ...]
+    axes: tuple[str, ...]
+    check: Callable[[dict[str, np.ndarray], dict[str, int]], None]
+
+
+INDEX_RULES: list[IndexRule] = []
+
+
+def register(name: str, data: DescribeData | None = None, rules: tuple[IndexRule, ...] = ()):
+    """`data(spec, rng)`: the generator's data outputs for `spec` (rng as the generator gets it); `rules`: what
+    its index structure is (IndexRule)."""
     def add(func):
         GENERATORS[name] = func
         if data is not None:
             DATA_OUTPUTS[name] = data
+        INDEX_RULES.extend(rules)
         return func
     return add
+
+
+def _refuse_first(name: str, values: np.ndarray, bad: np.ndarray, why: str) -> None:
+    """ValueError naming the first entry of input `name` that is `bad`, its value and `why` it may not be."""
+    if bad.any():
+        at = tuple(int(i) for i in np.unravel_index(np.argmax(bad), bad.shape))
+        raise ValueError(f"inputs.{name}: {name}[{', '.join(map(str, at))}] is {values[at]}, {why}")
 
 
 def sample_lengths(spec: Lengths, rng: np.random.Generator) -> np.ndarray:
@@ -81,7 +109,33 @@ def _indptr(lengths: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
 
 
-@register("paged_kv")
+def _check_indptr(name: str, indptr: np.ndarray, end: int, what: str) -> np.ndarray:
+    """Offsets as _indptr makes them: from 0 to `end` (`what` says what that is), never decreasing (a request may
+    be empty); ValueError naming input `name` otherwise. Returns the lengths they give, entry by entry: that of
+    the request an entry ends (0 for the first)."""
+    if len(indptr) == 0 or indptr[0] != 0:
+        raise ValueError(f"inputs.{name}: starts with {indptr[0] if len(indptr) else 'nothing'}, not 0")
+    lengths = np.diff(indptr.astype(np.int64), prepend=0)
+    _refuse_first(name, indptr, lengths < 0, "less than the offset before it: a request of negative length")
+    if indptr[-1] != end:
+        raise ValueError(f"inputs.{name}: ends at {indptr[-1]}, but {what} is {end}")
+    return lengths
+
+
+def check_paged_kv(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> None:
+    """paged_kv's: kv_indptr offsets into kv_indices, which holds pages of the pool."""
+    indices, pages = arrays["kv_indices"], axes["num_pages"]
+    _check_indptr("kv_indptr", arrays["kv_indptr"], len(indices), "the length of kv_indices")
+    _refuse_first("kv_indices", indices, (indices < 0) | (indices >= pages), f"not one of the {pages} pages")
+
+
+def check_query_offsets(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> None:
+    """paged_kv's (prefill): qo_indptr offsets into the queries."""
+    _check_indptr("qo_indptr", arrays["qo_indptr"], axes["total_q"], "total_q")
+
+
+@register("paged_kv", rules=(IndexRule(("kv_indptr", "kv_indices"), ("num_pages",), check_paged_kv),
+                             IndexRule(("qo_indptr",), ("total_q",), check_query_offsets)))
 def paged_kv(spec: PagedKV, rng: np.random.Generator) -> GeneratedInputs:
     tensors: dict[str, torch.Tensor] = {}
     axes: dict[str, int] = {}
@@ -107,10 +161,31 @@ def paged_kv(spec: PagedKV, rng: np.random.Generator) -> GeneratedInputs:
     return tensors, axes
 
 
-@register("block_table")
+def _blocks_per_request(lengths: np.ndarray, block_size: int) -> np.ndarray:
+    return -(-lengths // block_size)  # rounded up
+
+
+def _used_slots(blocks: np.ndarray, width: int) -> np.ndarray:
+    """[requests, width]: the table slots that hold each request's blocks, its first ones."""
+    return np.arange(width)[None, :] < blocks[:, None]
+
+
+def check_block_table(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> None:
+    """block_table's: each request's first blocks (as many as its cache_seqlens fill) are blocks of the pool."""
+    table, seqlens, pool = arrays["block_table"], arrays["cache_seqlens"], axes["num_blocks"]
+    _refuse_first("cache_seqlens", seqlens, seqlens < 0, "a negative length")
+    blocks = _blocks_per_request(seqlens.astype(np.int64), axes["page_block_size"])
+    width = table.shape[1]
+    _refuse_first("cache_seqlens", seqlens, blocks > width, f"more blocks than the table's {width} slots")
+    _refuse_first("block_table", table, _used_slots(blocks, width) & ((table < 0) | (table >= pool)),
+                  f"a slot its request's cache_seqlens fills, yet not one of the {pool} blocks")
+
+
+@register("block_table", rules=(IndexRule(("block_table", "cache_seqlens"), ("num_blocks", "page_block_size"),
+                                          check_block_table),))
 def block_table(spec: BlockTable, rng: np.random.Generator) -> GeneratedInputs:
     seqlens = sample_lengths(spec.seqlens, rng)
-    blocks = -(-seqlens // spec.block_size)  # blocks per request, rounded up
+    blocks = _blocks_per_request(seqlens, spec.block_size)
     needed = int(blocks.sum())
     pool = spec.block_pool or max(needed, 1)
     if pool < needed:
@@ -125,10 +200,7 @@ def block_table(spec: BlockTable, rng: np.random.Generator) -> GeneratedInputs:
     # Real caches hand out blocks in no particular order: a random permutation of the pool.
     ids = rng.permutation(pool)[:needed].astype(np.int32)
     table = np.full((len(seqlens), width), spec.unused, dtype=np.int32)
-    start = 0
-    for b, count in enumerate(blocks.tolist()):
-        table[b, :count] = ids[start:start + count]
-        start += count
+    table[_used_slots(blocks, width)] = ids  # row-major: request after request, each one's blocks in order
     tensors = {
         "block_table": torch.from_numpy(table),
         "cache_seqlens": torch.from_numpy(seqlens.astype(np.int32)),
@@ -138,7 +210,15 @@ def block_table(spec: BlockTable, rng: np.random.Generator) -> GeneratedInputs:
     return tensors, axes
 
 
-@register("varlen")
+def check_varlen(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> None:
+    """varlen's: offsets into the queries and into the keys, each sequence with at least as many keys as queries."""
+    q_lens = _check_indptr("cu_seqlens_q", arrays["cu_seqlens_q"], axes["total_q"], "total_q")
+    k_lens = _check_indptr("cu_seqlens_k", arrays["cu_seqlens_k"], axes["total_k"], "total_k")
+    _refuse_first("cu_seqlens_k", arrays["cu_seqlens_k"], k_lens < q_lens,
+                  "leaving the sequence it ends fewer keys than queries")
+
+
+@register("varlen", rules=(IndexRule(("cu_seqlens_q", "cu_seqlens_k"), ("total_q", "total_k"), check_varlen),))
 def varlen(spec: Varlen, rng: np.random.Generator) -> GeneratedInputs:
     q_lens = sample_lengths(spec.q_lens, rng)
     prefix = sample_lengths(spec.prefix_lens, rng) if spec.prefix_lens else np.zeros_like(q_lens)
@@ -302,7 +382,20 @@ def _empty_rows(rng: np.random.Generator, rows: int, wanted: int) -> np.ndarray:
     return rng.choice(rows, size=wanted, replace=False)
 
 
-@register("sparse_prefill_indices")
+def check_prefill_indices(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> None:
+    """sparse_prefill_indices': ids into the packed keys; -1 and ids >= seq_len_kv are invalid, nothing else is."""
+    indices = arrays["indices"]
+    _refuse_first("indices", indices, indices < -1, f"neither a key id nor invalid (-1, or >= {axes['seq_len_kv']})")
+
+
+def check_topk_length(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> None:
+    """sparse_prefill_indices' (topk_length): how many of a query's topk entries count."""
+    length, topk = arrays["topk_length"], axes["topk"]
+    _refuse_first("topk_length", length, (length < 0) | (length > topk), f"not a count of 0 to topk ({topk}) entries")
+
+
+@register("sparse_prefill_indices", rules=(IndexRule(("indices",), ("seq_len_kv",), check_prefill_indices),
+                                           IndexRule(("topk_length",), ("topk",), check_topk_length)))
 def sparse_prefill_indices(spec: SparsePrefillIndices, rng: np.random.Generator) -> GeneratedInputs:
     q_lens = sample_lengths(spec.q_lens, rng)
     prefix = sample_lengths(spec.prefix_lens, rng) if spec.prefix_lens else np.zeros_like(q_lens)
@@ -342,7 +435,7 @@ def _decode_layout(spec: SparseDecodeIndices, rng: np.random.Generator) -> dict:
     """The index structure of sparse_decode_indices: indices, and which cache tokens requests hold."""
     kv_lens = sample_lengths(spec.kv_lens, rng)
     size, seq_len_q, topk = spec.block_size, spec.seq_len_q, spec.topk
-    blocks = -(-kv_lens // size)  # blocks per request, rounded up
+    blocks = _blocks_per_request(kv_lens, size)
     needed = int(blocks.sum())
     pool = spec.block_pool or max(needed, 1)
     if pool < needed:
@@ -378,7 +471,15 @@ def sparse_decode_data(spec: SparseDecodeIndices, rng: np.random.Generator) -> d
                                      rows=torch.from_numpy(np.flatnonzero(used)))}
 
 
-@register("sparse_decode_indices", data=sparse_decode_data)
+def check_decode_indices(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> None:
+    """sparse_decode_indices': cache tokens block * page_block_size + offset, or -1, the only invalid entry."""
+    indices, tokens = arrays["indices"], axes["num_blocks"] * axes["page_block_size"]
+    _refuse_first("indices", indices, (indices != -1) & ((indices < 0) | (indices >= tokens)),
+                  f"neither -1 nor one of the {tokens} cache tokens")
+
+
+@register("sparse_decode_indices", data=sparse_decode_data,
+          rules=(IndexRule(("indices",), ("num_blocks", "page_block_size"), check_decode_indices),))
 def sparse_decode_indices(spec: SparseDecodeIndices, rng: np.random.Generator,
                           data_rng: np.random.Generator | None = None) -> GeneratedInputs:
     layout = _decode_layout(spec, rng)

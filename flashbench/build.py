@@ -263,35 +263,55 @@ def load_entry_point(folder: Path, solution: Solution, cache_dir: Path) -> Calla
 def _import_python(folder: Path, solution: Solution):
     sys.path.insert(0, str(folder))  # lets a solution import its sibling files by name
     # ... and relatively (`from .helper import f`, as FlashInfer-Bench's loader allows): the entry file is a module
-    # of a package whose folder is the solution folder, its subfolders that package's own (imported by the first
-    # relative import that needs them, as Python would). Only where every part of the path can be a module name.
+    # of a package whose folder is the solution folder, its subfolders that package's own, named by their paths as
+    # FlashInfer-Bench names them (importlib takes `flash-decode`, not `v1.2`: a dot would split the name).
     entry = PurePosixPath(solution.entry_file)
     parts = [*entry.parts[:-1], entry.stem]
     package = _solution_package(folder)
-    name = ".".join([package, *parts]) if all(part.isidentifier() for part in parts) else f"{package}_entry"
-    spec = importlib.util.spec_from_file_location(name, folder / solution.entry_file)
-    module = importlib.util.module_from_spec(spec)
-    # A top-level entry file is also the module its own name imports (kernel.py: `import kernel`), as it is for
-    # `python -c "import kernel"`: a sibling that imports it back (a circular import Python allows) gets this
-    # module, half run, and not a second copy, whose own `from helper import f` found helper half run and failed.
-    own = _own_module_name(folder, solution.entry_file)
-    if own in sys.modules and not sys.modules[own].__name__.startswith("flashbench_solution_"):
-        own = None  # a module of that name is imported already (the standard library's, a package's)
+    in_package = all("." not in part for part in parts)
+    name = ".".join([package, *parts]) if in_package else f"{package}_entry"
     try:
-        try:
-            sys.modules[name] = module
-            if own is not None:
-                sys.modules[own] = module
-            spec.loader.exec_module(module)
-        except BaseException:
-            for key in (name, own):  # as a failed import leaves them
-                if key is not None and sys.modules.get(key) is module:
-                    del sys.modules[key]
-            raise
+        module = _imported_by_its_packages(folder, solution.entry_file, name) if in_package else None
+        return module or _exec_entry(folder, solution.entry_file, name)
     except SystemExit as exc:
         raise BuildError(f"{solution.entry_file} calls sys.exit({exc.code!r}) at import") from None
     except Exception as exc:
         raise BuildError(f"importing {solution.entry_file} failed: {exc!r}") from exc
+
+
+def _imported_by_its_packages(folder: Path, entry_file: str, name: str):
+    """Imports the entry module's packages first, as `import src.kernel` does: a subfolder's __init__.py runs
+    before the entry file (relative imports from it need the package whole), and one that imports the entry
+    back (`from .kernel import run`) gets it whole instead of half run. The entry file's module when that import
+    ran it, by the package's name, its own top-level one (`from src.kernel import run`) or as the package itself
+    (an entry src/__init__.py): a file runs once."""
+    parent = name.rpartition(".")[0]
+    importlib.import_module(parent)
+    path = str(folder / entry_file)
+    own = ".".join(PurePosixPath(entry_file).with_suffix("").parts)
+    return next((module for module in map(sys.modules.get, (name, own, parent))
+                 if module is not None and getattr(module, "__file__", None) == path), None)
+
+
+def _exec_entry(folder: Path, entry_file: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, folder / entry_file)
+    module = importlib.util.module_from_spec(spec)
+    # A top-level entry file is also the module its own name imports (kernel.py: `import kernel`), as it is for
+    # `python -c "import kernel"`: a sibling that imports it back (a circular import Python allows) gets this
+    # module, half run, and not a second copy, whose own `from helper import f` found helper half run and failed.
+    own = _own_module_name(folder, entry_file)
+    if own in sys.modules and not sys.modules[own].__name__.startswith("flashbench_solution_"):
+        own = None  # a module of that name is imported already (the standard library's, a package's)
+    try:
+        sys.modules[name] = module
+        if own is not None:
+            sys.modules[own] = module
+        spec.loader.exec_module(module)
+    except BaseException:
+        for key in (name, own):  # as a failed import leaves them
+            if key is not None and sys.modules.get(key) is module:
+                del sys.modules[key]
+        raise
     return module
 
 
@@ -299,10 +319,22 @@ def _solution_package(folder: Path) -> str:
     """A package (named by the folder's content) whose modules are the folder's files; nothing of it runs."""
     name = f"flashbench_solution_{content_hash(folder)}"
     if name not in sys.modules:
-        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec = importlib.machinery.ModuleSpec(name, _namespace_loader(name, folder), is_package=True)
         spec.submodule_search_locations = [str(folder)]
         sys.modules[name] = importlib.util.module_from_spec(spec)
     return name
+
+
+def _namespace_loader(name: str, folder: Path):
+    """The loader the import system gives a namespace package (a folder without __init__.py), through which
+    importlib.resources reads its files (`files(__package__)`); the one module_from_spec makes without it does not.
+    Its path never changes with sys.path: the finder it is given finds nothing."""
+    loader = getattr(importlib.machinery, "NamespaceLoader", None)  # public from Python 3.11
+    if loader is None:
+        from importlib import _bootstrap_external
+
+        loader = _bootstrap_external._NamespaceLoader
+    return loader(name, [str(folder)], lambda *_: None)
 
 
 def _own_module_name(folder: Path, entry_file: str) -> str | None:

@@ -150,10 +150,13 @@ def check_source_statically(text: str | bytes, label: str, function: str, expect
     rebound = False
     for node in _module_level(tree.body):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            rebound |= any((alias.asname or alias.name.split(".")[0]) == function for alias in node.names)
+            # `from impl import *` may bind it too: which names it binds, only the import can tell
+            rebound |= any((alias.asname or alias.name.split(".")[0]) in (function, "*") for alias in node.names)
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            rebound |= any(isinstance(t, ast.Name) and t.id == function for t in targets)
+            # a name, or one unpacked from a tuple (`run, run_sink = make()`)
+            rebound |= any(isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store) and t.id == function
+                           for target in targets for t in ast.walk(target))
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
             args = node.args
             if args.vararg or args.kwarg:

@@ -226,6 +226,45 @@ def test_an_entry_file_runs_once_and_loads_from_any_folder_name(tmp_path, import
     assert build.load_entry_point(tmp_path, solution(entry_point="v1.2/kernel.py::run"), tmp_path / "build")(1) == 1
 
 
+def test_a_subfolder_package_importing_its_entry_file_back_loads_as_python_would(tmp_path, imports):
+    """`import pkg.kernel` runs pkg/__init__.py first, whose `from .kernel import run` imports the entry whole; the
+    loader ran the entry first, so its `from .util import` ran __init__.py, which found the entry half run."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("from .kernel import run\n")
+    (tmp_path / "pkg" / "util.py").write_text("OFFSET = 1\n")
+    (tmp_path / "pkg" / "kernel.py").write_text("import builtins\nfrom .util import OFFSET\n"
+                                                "builtins.loads = getattr(builtins, 'loads', 0) + 1\n\n\n"
+                                                "def run(x):\n    return x + OFFSET\n")
+    import builtins
+
+    try:
+        assert build.load_entry_point(tmp_path, solution(entry_point="pkg/kernel.py::run"), tmp_path / "build")(1) == 2
+        assert build.load_entry_point(tmp_path, solution(entry_point="pkg/__init__.py::run"), tmp_path / "b")(2) == 3
+        assert builtins.loads == 1
+    finally:
+        builtins.__dict__.pop("loads", None)
+
+
+@pytest.mark.parametrize("entry", ["flash-decode.py", "mla-decode/kernel.py"])
+def test_an_entry_path_that_is_no_identifier_imports_relatively(tmp_path, imports, entry):
+    """FlashInfer-Bench imports such a file as a module of its package; here it was a top-level module, whose
+    `from .helper import` found no parent package."""
+    (tmp_path / entry).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / entry).write_text("from .helper import OFFSET\n\n\ndef run(x):\n    return x + OFFSET\n")
+    (tmp_path / entry).with_name("helper.py").write_text("OFFSET = 1\n")
+    assert build.load_entry_point(tmp_path, solution(entry_point=f"{entry}::run"), tmp_path / "build")(1) == 2
+
+
+def test_the_solution_package_reads_its_files_through_importlib_resources(tmp_path, imports):
+    """files(__package__) failed with 'Invalid path': the package had no namespace loader to read files through."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "scale.txt").write_text("3")
+    (tmp_path / "kernel.py").write_text("import importlib.resources\n\n"
+                                        "SCALE = int(importlib.resources.files(__package__).joinpath('data/scale.txt')"
+                                        ".read_text())\n\n\ndef run(x):\n    return x * SCALE\n")
+    assert build.load_entry_point(tmp_path, solution(), tmp_path / "build")(2) == 6
+
+
 def test_an_entry_file_never_hides_a_module_of_its_name(tmp_path, imports):
     (tmp_path / "json.py").write_text(KERNEL)
     (tmp_path / "sub").mkdir()

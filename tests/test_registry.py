@@ -191,6 +191,9 @@ DECODE_PARAMETERS = "q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, 
 
 @pytest.mark.parametrize("source, ok", [
     ("from decode_core import decode as run\n", True),  # a callable the import alone can tell
+    ("from .decode_core import *\n", True),  # an import of every name may bind it
+    (f"def make():\n    def run({DECODE_PARAMETERS}):\n        pass\n    return run, run\nrun, run_sink = make()\n",
+     True),
     (f"import torch\ndef decode({DECODE_PARAMETERS}):\n    pass\nrun = torch.no_grad()(decode)\n", True),
     ("try:\n    import triton\nexcept ImportError:\n    pass\nelse:\n"
      f"    def run({DECODE_PARAMETERS}):\n        pass\n", True),

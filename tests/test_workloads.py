@@ -710,3 +710,74 @@ def test_captured_structure_is_held_to_its_generators_rule_whatever_the_constrai
     path = captured_set(root, name, [named(root, name, workload)], corrupt)
     (checked,) = validate(Repo(root), [path])
     assert checked.errors == (f"{path}: workloads[0] ({workload}): inputs.{field}: {message}",)
+
+
+def hand_captured(root: Path, name: str, constraints: list[str], tensors: dict, axes: dict, inputs: dict,
+                  edit=lambda document: None) -> Path:
+    """The workload file of `name` under `root` holding one workload: `tensors` captured (blob.safetensors), the
+    other `inputs` as given; the definition's constraints replaced (as an import may bring others) and `edit`ed."""
+    definition_path = next((root / "definitions").glob(f"*/{name}.yaml"))
+    document = {**yaml.safe_load(definition_path.read_text()), "constraints": constraints}
+    edit(document)
+    definition_path.write_text(yaml.safe_dump(document, sort_keys=False))
+    path = Repo(root).workloads_path(name)
+    save_file(tensors, str(path.parent / "blob.safetensors"))
+    blobs = {key: {"type": "safetensors", "path": "blob.safetensors", "tensor_key": key} for key in tensors}
+    data = {**yaml.safe_load(path.read_text()),
+            "workloads": [{"uuid": "hand-0001", "name": "hand", "axes": axes, "inputs": {**inputs, **blobs}}]}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_captured_offsets_beside_page_ids_drawn_at_random_validate_and_run(root):
+    """FlashInfer-Bench's paged decode constrains kv_indptr alone; page ids drawn from the pool are as valid as
+    captured ones. validate (on "meta": a random input there is shapes only) refused it: 'Cannot copy out of meta
+    tensor'; the run checks them drawn."""
+    path = hand_captured(root, DECODE, ["len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1]"],
+                         {"kv_indptr": torch.tensor([0, 3, 5], dtype=torch.int32)},
+                         {"batch_size": 2, "num_pages": 8, "num_kv_indices": 5, "len_indptr": 3},
+                         {"kv_indices": {"type": "random", "low": 0, "high": 8}, **SCALE})
+    assert validate(Repo(root), [path])[0].errors == ()
+    repo = Repo(root)
+    generate_inputs(repo.definition(DECODE), repo.workload_set(DECODE).workloads[0], seed=0, base_dir=path.parent)
+
+
+def with_axis(axis: str, input_name: str, shape: list[str], dtype: str | None = None):
+    """A definition edit: var axis `axis` added, input `input_name` of `shape` (and `dtype`)."""
+    def edit(document):
+        document["axes"][axis] = {"type": "var", "description": "added"}
+        document["inputs"][input_name] = {**document["inputs"][input_name], "shape": shape,
+                                          **({"dtype": dtype} if dtype else {})}
+    return edit
+
+
+FLASHMLA_DECODE = "flashmla_decode_causal_h16_ckv512_kpe64_ps64"
+DECODE_AXES = {"batch_size": 2, "seq_len_q": 1, "num_blocks": 4}
+
+
+@pytest.mark.parametrize("name, edit, tensors, axes, error", [
+    # an index name of another dtype: data, not the generator's structure (numpy has no bfloat16: a TypeError)
+    ("mha_varlen_prefill_causal_h128_dqk128_dv128", with_axis("len_q", "cu_seqlens_q", ["len_q"], "bfloat16"),
+     {"cu_seqlens_q": torch.tensor([0.0, 2.0], dtype=torch.bfloat16),
+      "cu_seqlens_k": torch.tensor([0, 2], dtype=torch.int32)}, {"total_q": 2, "total_k": 2, "len_q": 2},
+     "inputs cu_seqlens_q carry data that no call redraws"),
+    # a table of another shape than one row per request: an IndexError naming its missing row 1
+    (FLASHMLA_DECODE, with_axis("rows", "block_table", ["rows", "max_blocks_per_seq"]),
+     {"block_table": torch.tensor([[0, -1]], dtype=torch.int32),
+      "cache_seqlens": torch.tensor([64, 128], dtype=torch.int32)}, {**DECODE_AXES, "max_blocks_per_seq": 2, "rows": 1},
+     "inputs.cache_seqlens: 2 requests, but block_table has 1 rows"),
+    # offsets of another count: an IndexError too
+    ("mha_varlen_prefill_causal_h128_dqk128_dv128", with_axis("len_k", "cu_seqlens_k", ["len_k"]),
+     {"cu_seqlens_q": torch.tensor([0, 2], dtype=torch.int32), "cu_seqlens_k": torch.tensor([0], dtype=torch.int32)},
+     {"total_q": 2, "total_k": 0, "len_k": 1}, "inputs.cu_seqlens_k: 1 offsets, but cu_seqlens_q has 2"),
+    # another rank: an IndexError reading the width of a table of one axis
+    (FLASHMLA_DECODE, with_axis("slots", "block_table", ["slots"]),
+     {"block_table": torch.tensor([0, 1], dtype=torch.int32),
+      "cache_seqlens": torch.tensor([64, 128], dtype=torch.int32)}, {**DECODE_AXES, "slots": 2}, None),
+])
+def test_captured_inputs_named_as_index_structure_yet_not_it_get_an_error_not_a_crash(root, name, edit, tensors,
+                                                                                        axes, error):
+    """A definition and workload as an import may bring them: validate named every invalid workload, and crashed."""
+    path = hand_captured(root, name, [], tensors, axes, {"softmax_scale": {"type": "scalar", "value": 0.1}}, edit)
+    (checked,) = validate(Repo(root), [path])
+    assert checked.errors == ((f"{path}: workloads[0] (hand): {error}",) if error else ())

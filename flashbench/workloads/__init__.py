@@ -23,7 +23,7 @@ from ..binding import BindingError, bind_axes
 from ..dtypes import is_float
 from ..model import Definition, Workload
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
-from .generators import DATA_OUTPUTS, GENERATORS, INDEX_RULES, GeneratedData, sample_lengths
+from .generators import DATA_OUTPUTS, GENERATORS, INDEX_RULES, GeneratedData, IndexRule, sample_lengths
 from .tensors import DEFAULT_RANDOM, random_tensor, refill_random, safetensors_tensor, scalable, scalar_value, symmetric
 
 __all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "whole_redrawn",
@@ -81,17 +81,30 @@ def generate_inputs(
 def check_captured_structure(definition: Definition, workload: Workload, inputs: dict[str, Any],
                              axes: dict[str, int]) -> None:
     """Captured index inputs must be what the generator that makes such inputs makes: each rule of INDEX_RULES
-    whose inputs and axes the definition has holds of them. The constraints let through what no generator makes
+    that reads them (_reads_captured) holds of them. The constraints let through what no generator makes
     (a -1 among the blocks a request reads, offsets that go down), on which the reference and every solution
     read garbage. A generator's own structure is valid as made (the tests hold it to these rules)."""
     for rule in INDEX_RULES:
-        if not (set(rule.inputs) <= set(definition.inputs) and set(rule.axes) <= set(axes)):
-            continue
-        if any(isinstance(workload.inputs.get(name), SafetensorsInput) for name in rule.inputs):
+        if _reads_captured(rule, definition, workload, inputs, axes):
             try:
                 rule.check({name: inputs[name].cpu().numpy() for name in rule.inputs}, axes)
             except ValueError as exc:
                 raise BindingError(str(exc)) from None
+
+
+def _reads_captured(rule: IndexRule, definition: Definition, workload: Workload, inputs: dict[str, Any],
+                    axes: dict[str, int]) -> bool:
+    """Whether `rule` holds of these inputs: the definition's are integer tensors of the rule's ranks (other inputs
+    under those names are no structure its generator makes), one at least captured, and all have data here (a
+    random one is shapes only on "meta": the run checks it once drawn)."""
+    specs = [definition.inputs.get(name) for name in rule.inputs]
+    if not set(rule.axes) <= set(axes) or any(spec is None or spec.shape is None for spec in specs):
+        return False
+    ranks = rule.inputs.values()
+    if any(not spec.dtype.startswith("int") or len(spec.shape) != rank for spec, rank in zip(specs, ranks)):
+        return False
+    return (any(isinstance(workload.inputs.get(name), SafetensorsInput) for name in rule.inputs)
+            and not any(inputs[name].is_meta for name in rule.inputs))
 
 
 def check_workload(definition: Definition, workload: Workload, base_dir: Path) -> None:

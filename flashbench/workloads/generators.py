@@ -58,11 +58,12 @@ DATA_OUTPUTS: dict[str, DescribeData] = {}
 @dataclass(frozen=True)
 class IndexRule:
     """What a generator's index structure is, for the same inputs captured: it applies to a definition that has
-    `inputs` and `axes`, and `check(arrays, axes)` (those inputs as numpy arrays, the bound axes) raises
-    ValueError naming the input at fault. Entries a definition never reads (table slots past a request's
-    blocks) are left to its constraints, which state its invalid-entry convention (-1, or ids past the cache)."""
+    `inputs` (name: rank, as the generator makes them) as integer tensors and `axes`, and `check(arrays, axes)`
+    (those inputs as numpy arrays, the bound axes) raises ValueError naming the input at fault. Entries a
+    definition never reads (table slots past a request's blocks) are left to its constraints, which state its
+    invalid-entry convention (-1, or ids past the cache)."""
 
-    inputs: tuple[str, ...]
+    inputs: dict[str, int]
     axes: tuple[str, ...]
     check: Callable[[dict[str, np.ndarray], dict[str, int]], None]
 
@@ -134,8 +135,8 @@ def check_query_offsets(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> 
     _check_indptr("qo_indptr", arrays["qo_indptr"], axes["total_q"], "total_q")
 
 
-@register("paged_kv", rules=(IndexRule(("kv_indptr", "kv_indices"), ("num_pages",), check_paged_kv),
-                             IndexRule(("qo_indptr",), ("total_q",), check_query_offsets)))
+@register("paged_kv", rules=(IndexRule({"kv_indptr": 1, "kv_indices": 1}, ("num_pages",), check_paged_kv),
+                             IndexRule({"qo_indptr": 1}, ("total_q",), check_query_offsets)))
 def paged_kv(spec: PagedKV, rng: np.random.Generator) -> GeneratedInputs:
     tensors: dict[str, torch.Tensor] = {}
     axes: dict[str, int] = {}
@@ -173,6 +174,8 @@ def _used_slots(blocks: np.ndarray, width: int) -> np.ndarray:
 def check_block_table(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> None:
     """block_table's: each request's first blocks (as many as its cache_seqlens fill) are blocks of the pool."""
     table, seqlens, pool = arrays["block_table"], arrays["cache_seqlens"], axes["num_blocks"]
+    if len(seqlens) != len(table):
+        raise ValueError(f"inputs.cache_seqlens: {len(seqlens)} requests, but block_table has {len(table)} rows")
     _refuse_first("cache_seqlens", seqlens, seqlens < 0, "a negative length")
     blocks = _blocks_per_request(seqlens.astype(np.int64), axes["page_block_size"])
     width = table.shape[1]
@@ -181,7 +184,7 @@ def check_block_table(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> No
                   f"a slot its request's cache_seqlens fills, yet not one of the {pool} blocks")
 
 
-@register("block_table", rules=(IndexRule(("block_table", "cache_seqlens"), ("num_blocks", "page_block_size"),
+@register("block_table", rules=(IndexRule({"block_table": 2, "cache_seqlens": 1}, ("num_blocks", "page_block_size"),
                                           check_block_table),))
 def block_table(spec: BlockTable, rng: np.random.Generator) -> GeneratedInputs:
     seqlens = sample_lengths(spec.seqlens, rng)
@@ -214,11 +217,13 @@ def check_varlen(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> None:
     """varlen's: offsets into the queries and into the keys, each sequence with at least as many keys as queries."""
     q_lens = _check_indptr("cu_seqlens_q", arrays["cu_seqlens_q"], axes["total_q"], "total_q")
     k_lens = _check_indptr("cu_seqlens_k", arrays["cu_seqlens_k"], axes["total_k"], "total_k")
+    if len(k_lens) != len(q_lens):
+        raise ValueError(f"inputs.cu_seqlens_k: {len(k_lens)} offsets, but cu_seqlens_q has {len(q_lens)}")
     _refuse_first("cu_seqlens_k", arrays["cu_seqlens_k"], k_lens < q_lens,
                   "leaving the sequence it ends fewer keys than queries")
 
 
-@register("varlen", rules=(IndexRule(("cu_seqlens_q", "cu_seqlens_k"), ("total_q", "total_k"), check_varlen),))
+@register("varlen", rules=(IndexRule({"cu_seqlens_q": 1, "cu_seqlens_k": 1}, ("total_q", "total_k"), check_varlen),))
 def varlen(spec: Varlen, rng: np.random.Generator) -> GeneratedInputs:
     q_lens = sample_lengths(spec.q_lens, rng)
     prefix = sample_lengths(spec.prefix_lens, rng) if spec.prefix_lens else np.zeros_like(q_lens)
@@ -394,8 +399,8 @@ def check_topk_length(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> No
     _refuse_first("topk_length", length, (length < 0) | (length > topk), f"not a count of 0 to topk ({topk}) entries")
 
 
-@register("sparse_prefill_indices", rules=(IndexRule(("indices",), ("seq_len_kv",), check_prefill_indices),
-                                           IndexRule(("topk_length",), ("topk",), check_topk_length)))
+@register("sparse_prefill_indices", rules=(IndexRule({"indices": 3}, ("seq_len_kv",), check_prefill_indices),
+                                           IndexRule({"topk_length": 1}, ("topk",), check_topk_length)))
 def sparse_prefill_indices(spec: SparsePrefillIndices, rng: np.random.Generator) -> GeneratedInputs:
     q_lens = sample_lengths(spec.q_lens, rng)
     prefix = sample_lengths(spec.prefix_lens, rng) if spec.prefix_lens else np.zeros_like(q_lens)
@@ -474,12 +479,12 @@ def sparse_decode_data(spec: SparseDecodeIndices, rng: np.random.Generator) -> d
 def check_decode_indices(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> None:
     """sparse_decode_indices': cache tokens block * page_block_size + offset, or -1, the only invalid entry."""
     indices, tokens = arrays["indices"], axes["num_blocks"] * axes["page_block_size"]
-    _refuse_first("indices", indices, (indices != -1) & ((indices < 0) | (indices >= tokens)),
+    _refuse_first("indices", indices, (indices < -1) | (indices >= tokens),
                   f"neither -1 nor one of the {tokens} cache tokens")
 
 
 @register("sparse_decode_indices", data=sparse_decode_data,
-          rules=(IndexRule(("indices",), ("num_blocks", "page_block_size"), check_decode_indices),))
+          rules=(IndexRule({"indices": 3}, ("num_blocks", "page_block_size"), check_decode_indices),))
 def sparse_decode_indices(spec: SparseDecodeIndices, rng: np.random.Generator,
                           data_rng: np.random.Generator | None = None) -> GeneratedInputs:
     layout = _decode_layout(spec, rng)

@@ -27,6 +27,11 @@ _COMPARE = {
 }
 _MAX_EXPONENT = 64  # keeps `10 ** 10 ** 10` from hanging the evaluator
 _MAX_INT_BITS = 4096  # keeps `((10 ** 64) ** 64) ** 64` from hanging it too
+# A definition may come from anyone (an imported dataset). The longest expression in definitions/ is 235
+# characters and 6 levels deep; 6 MB of `(1, 1, ...)` took 3 GB and minutes to parse, and deep nesting
+# ended `validate` with a RecursionError or a MemoryError from the parser, or would in the evaluator.
+MAX_SOURCE_CHARS = 4096
+MAX_DEPTH = 100
 
 
 def _sum(value):
@@ -61,10 +66,16 @@ class Expression:
 
 def parse(source: str, allowed_names: set[str], functions: frozenset[str] = frozenset()) -> Expression:
     """Parse `source`; raise ValueError naming the first construct or name that is not allowed."""
+    if len(source) > MAX_SOURCE_CHARS:
+        raise ValueError(f"is {len(source)} characters long; an expression may hold {MAX_SOURCE_CHARS}")
     try:
         tree = ast.parse(source.strip(), mode="eval")
     except SyntaxError as exc:
-        raise ValueError(f"does not parse: {exc.msg} in {source!r}") from None
+        raise ValueError(f"does not parse: {exc.msg} in {_shown(source)}") from None
+    except (RecursionError, MemoryError):  # the parser's own stack, past its nesting limit
+        raise ValueError(f"nests deeper than {MAX_DEPTH} levels: {_shown(source)}") from None
+    if _depth(tree) > MAX_DEPTH:
+        raise ValueError(f"nests deeper than {MAX_DEPTH} levels: {_shown(source)}")
     names: set[str] = set()
     for node in ast.walk(tree):
         _check_node(node, source, functions)
@@ -77,6 +88,20 @@ def parse(source: str, allowed_names: set[str], functions: frozenset[str] = froz
             f"only axis and input names are allowed"
         )
     return Expression(source, tree, frozenset(names), functions)
+
+
+def _shown(source: str) -> str:
+    return repr(source) if len(source) <= 200 else repr(source[:200]) + "..."
+
+
+def _depth(tree: ast.AST) -> int:
+    """How deep the tree nests, found without recursion (the evaluator recurses once per level)."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 _ALLOWED_NODES = (

@@ -111,6 +111,13 @@ BAD_DEFINITIONS = [
     ("negative tolerance", _set(("tolerances", "output", "atol"), -1), "tolerances.output.atol", "greater than or equal"),
     ("missing inputs", _delete(("inputs",)), "inputs", "Field required"),
     ("shape not a list", _set(("inputs", "q_pe", "shape"), "batch_size"), "inputs.q_pe.shape", ""),
+    # from anyone: each ended validate with a traceback (torch.empty's OverflowError, the parser's RecursionError
+    # and MemoryError), or took gigabytes and minutes (6 MB of a tuple)
+    ("const axis past int64", _set(("axes", "page_size", "value"), 10**30), "axes.page_size.value", "past int64"),
+    ("negative const axis", _set(("axes", "page_size", "value"), -1), "axes.page_size.value", "greater than or equal"),
+    ("constraint nested deep", _append_constraint("-" * 4000 + "1 < 0"), "constraints[5]", "nests deeper"),
+    ("cost nested deep", _set(("cost", "bytes"), "1+" * 1500 + "1"), "cost.bytes", "nests deeper"),
+    ("constraint too long", _append_constraint(f"({', 1' * 3000}) == 1"), "constraints[5]", "characters long"),
 ]
 
 

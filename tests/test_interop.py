@@ -407,6 +407,19 @@ def test_a_workload_whose_blob_is_absent_is_skipped_and_says_missing(tmp_path):
     assert "inputs.kv_indptr: safetensors file ../outside.safetensors is not inside the dataset" in outside
 
 
+def test_a_skipped_workload_names_its_field(tmp_path):
+    """The reason said what was wrong ("an integer past int64 is no value here"), not where in the record."""
+    dataset = make_dataset(tmp_path / "fib")
+    huge = captured() | {"uuid": "7d1e2f30-0000-4000-8000-000000000002"}
+    huge["inputs"] = huge["inputs"] | {"sm_scale": {"type": "scalar", "value": 10**30}}
+    write(dataset / "workloads/mla_paged" / f"{DEF}.jsonl",
+          [{"definition": DEF, "workload": huge, "solution": None, "evaluation": None}])
+    (dataset / "traces/mla_paged" / f"{DEF}.jsonl").unlink()
+    (skipped,) = rows(import_fib(dataset, empty_repo(tmp_path / "repo"), "fib"), DEF, "workload", "skipped")
+    assert skipped.endswith(f"workload {huge['uuid']} not imported: inputs.sm_scale.scalar.value: an integer past "
+                            "int64 is no value here")
+
+
 def test_a_failed_move_puts_the_repository_back_as_it_was(tmp_path, monkeypatch):
     dataset = make_dataset(tmp_path / "fib")
     repo = empty_repo(tmp_path / "repo")

@@ -742,6 +742,48 @@ def test_captured_offsets_beside_page_ids_drawn_at_random_validate_and_run(root)
     generate_inputs(repo.definition(DECODE), repo.workload_set(DECODE).workloads[0], seed=0, base_dir=path.parent)
 
 
+def to_int64(document):
+    """A definition edit: its index inputs int64, as an imported definition may have them."""
+    for name in ("kv_indptr", "kv_indices"):
+        document["inputs"][name]["dtype"] = "int64"
+
+
+def test_captured_offsets_that_go_down_past_int64_wrapping_are_refused(root):
+    """0, 2^63 - 1, -2^63, -1, 5: each difference "up" once int64 wraps it; validate passed it, and the reference
+    read its pages where an honest solution (torch.arange of the longest request) raised."""
+    path = hand_captured(root, DECODE, [], {"kv_indptr": torch.tensor([0, 2**63 - 1, -2**63, -1, 5]),
+                                            "kv_indices": torch.tensor([1, 2, 3, 4, 5])},
+                         {"batch_size": 4, "num_pages": 8, "num_kv_indices": 5, "len_indptr": 5}, SCALE, to_int64)
+    (checked,) = validate(Repo(root), [path])
+    assert checked.errors == (f"{path}: workloads[0] (hand): inputs.kv_indptr: kv_indptr[2] is -9223372036854775808, "
+                              "less than the offset before it: a request of negative length",)
+
+
+@pytest.mark.parametrize("where", ["../outside.safetensors", "{tmp}/outside.safetensors", "link.safetensors"])
+def test_a_blob_outside_the_workload_files_folder_is_not_read(decode, tmp_path, where):
+    """A workload from anyone named a file elsewhere (absolute, through '..' or a link) and it was read: its values
+    reached the constraints' messages and the worker."""
+    save_file({"indptr": torch.tensor([0, 2, 2, 7], dtype=torch.int32)}, str(tmp_path / "outside.safetensors"))
+    folder = tmp_path / "definitions"
+    folder.mkdir()
+    (folder / "link.safetensors").symlink_to(tmp_path / "outside.safetensors")
+    w = captured_workload(where.format(tmp=tmp_path), kv_indptr="indptr")
+    with pytest.raises(BindingError, match=r"^inputs.kv_indptr: safetensors file .* is outside "):
+        generate_inputs(decode, w, seed=0, base_dir=folder)
+
+
+@pytest.mark.parametrize("lengths, message", [
+    ({"distribution": "list", "values": [2**32]}, "a length of 4294967296 is past int32"),
+    ({"distribution": "list", "values": [2**31 - 1, 2**31 - 1]}, "add up past int32"),
+    ({"distribution": "fixed", "count": 2, "value": 10**30}, "an integer past int64"),
+])
+def test_lengths_past_the_index_dtype_are_refused_not_wrapped(lengths, message):
+    """A length of 2^32 became offsets [0, 0]; one of 10^30 an OverflowError out of numpy."""
+    with pytest.raises(ValueError, match=message):
+        structured_inputs(Workload.model_validate({"uuid": "lengths-0001", "generate": [
+            {"generator": "varlen", "q_lens": lengths}]}), "meta")
+
+
 def with_axis(axis: str, input_name: str, shape: list[str], dtype: str | None = None):
     """A definition edit: var axis `axis` added, input `input_name` of `shape` (and `dtype`)."""
     def edit(document):

@@ -332,7 +332,7 @@ class DefinitionImport:
             new_blobs = [blob for blob in blobs if self.blob_needed(blob)]
         except (FlashbenchError, BindingError, ValueError) as exc:
             self.rejected.add(uuid)
-            return self.add("workload", "skipped", f"{where}: workload {uuid} not imported: {getattr(exc, 'message', exc)}")
+            return self.add("workload", "skipped", f"{where}: workload {uuid} not imported: {reason(exc)}")
         for blob in new_blobs:
             self.staging.copy(self.dataset.root / blob, self.blob_path(blob))
             self.add("blob", "imported")
@@ -451,7 +451,7 @@ class DefinitionImport:
         except (FlashbenchError, ValueError, OSError) as exc:  # OSError: a path too long here, say: this solution's
             # problem, not its definition's
             shutil.rmtree(staged, ignore_errors=True)
-            self.add("solution", "skipped", f"{path}: solution not imported: {getattr(exc, 'message', exc)}")
+            self.add("solution", "skipped", f"{path}: solution not imported: {reason(exc)}")
             return None
         self.staging.add(relative)
         return loaded.content_hash()
@@ -622,6 +622,14 @@ def interface_difference(ours: Definition, theirs: Definition) -> str | None:
                 if getattr(spec, name) != getattr(other[key], name):
                     return f"{kind}.{key}.{name}: {getattr(spec, name)!r} here, {getattr(other[key], name)!r} there"
     return None
+
+
+def reason(exc: Exception) -> str:
+    """Why a record was skipped, its field first where the error names one; the file (a staging folder's, or the
+    record's `where` said before it) left out. Without the field, "an integer past int64" named no value."""
+    if isinstance(exc, FlashbenchError):
+        return ": ".join(part for part in (exc.field, exc.message) if part)
+    return str(exc)
 
 
 def workload_to_ours(record: fib.FibWorkload, dataset: Path, where: str) -> tuple[Workload, list[PurePosixPath]]:

@@ -19,34 +19,39 @@ FOLDER_NAME_OR_NONE = rf"^({_NAME})?$"
 CONSTRAINT_FUNCTIONS = frozenset({"min", "max"})
 
 
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
+
 class Strict(BaseModel):
     """Base for file models: unknown keys are an error, not silently dropped, and so is NaN, which no field
     means (a workload's NaN sm_scale failed every pair, the reference's included). An infinity may mean
-    something (an attention sink of -inf is none)."""
+    something (an attention sink of -inf is none). So is an integer past int64: numpy and torch take every
+    integer as one (a const axis or a request length of 10^30 ended `validate` with a traceback)."""
 
     model_config = ConfigDict(extra="forbid")
 
     @field_validator("*", mode="after")
     @classmethod
-    def _not_nan(cls, value):
-        if _holds_nan(value):
+    def _a_value(cls, value):
+        if _holds(value, lambda x: isinstance(x, float) and math.isnan(x)):
             raise ValueError("NaN is no value")
+        if _holds(value, lambda x: isinstance(x, int) and not INT64_MIN <= x <= INT64_MAX):
+            raise ValueError("an integer past int64 is no value here")
         return value
 
 
-def _holds_nan(value) -> bool:
-    if isinstance(value, float):
-        return math.isnan(value)
+def _holds(value, bad) -> bool:
+    """Whether `value`, or any item of the lists and mappings in it, is `bad`."""
     if isinstance(value, (list, tuple)):
-        return any(map(_holds_nan, value))
+        return any(_holds(item, bad) for item in value)
     if isinstance(value, dict):
-        return any(map(_holds_nan, value.values()))
-    return False
+        return any(_holds(item, bad) for item in value.values())
+    return bad(value)
 
 
 class Axis(Strict):
     type: Literal["const", "var"]
-    value: int | None = None
+    value: int | None = Field(None, ge=0, description="const: the size (a negative one made no tensor)")
     description: str = ""
 
     @model_validator(mode="after")

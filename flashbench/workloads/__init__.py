@@ -57,7 +57,11 @@ def generate_inputs(
             inputs[name] = scalar_value(descriptor, spec.dtype)
         elif isinstance(descriptor, SafetensorsInput):
             # Captured tensors may be index tensors the constraints read: on "meta" they stay on the CPU.
-            inputs[name] = safetensors_tensor(descriptor, base_dir, spec.dtype, "cpu" if device == "meta" else device)
+            try:
+                inputs[name] = safetensors_tensor(descriptor, base_dir, spec.dtype,
+                                                  "cpu" if device == "meta" else device)
+            except ValueError as exc:
+                raise BindingError(f"inputs.{name}: {exc}") from None
         else:
             if spec.shape is None:
                 raise BindingError(f"input {name} is a scalar; give it as {{type: scalar, value: ...}}")

@@ -28,6 +28,7 @@ from ..model import Lengths, PagedKV
 from ..model.workload import BlockTable, Varlen
 
 GeneratedInputs = tuple[dict[str, torch.Tensor], dict[str, int]]
+INT32_MAX = 2**31 - 1  # generated index tensors are int32
 GENERATORS: dict[str, Callable[..., GeneratedInputs]] = {}
 
 
@@ -91,7 +92,15 @@ def _refuse_first(name: str, values: np.ndarray, bad: np.ndarray, why: str) -> N
 
 
 def sample_lengths(spec: Lengths, rng: np.random.Generator) -> np.ndarray:
-    """Per-request lengths drawn as the spec says, as int64."""
+    """Per-request lengths drawn as the spec says, as int64; ValueError past int32, which the index tensors made
+    from them are (a length of 2^32 became 0)."""
+    lengths = _draw_lengths(spec, rng)
+    if len(lengths) and lengths.max() > INT32_MAX:
+        raise ValueError(f"a length of {lengths.max()} is past int32, the index tensors' dtype")
+    return lengths
+
+
+def _draw_lengths(spec: Lengths, rng: np.random.Generator) -> np.ndarray:
     kind = spec.distribution
     if kind == "list":
         return np.asarray(spec.values, dtype=np.int64)
@@ -107,7 +116,10 @@ def sample_lengths(spec: Lengths, rng: np.random.Generator) -> np.ndarray:
 
 
 def _indptr(lengths: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    if offsets.max() > INT32_MAX:  # each length is within int32, so a sum that wraps passes this first
+        raise ValueError(f"the lengths add up past int32 ({INT32_MAX}), the offsets' dtype")
+    return torch.from_numpy(offsets.astype(np.int32))
 
 
 def _check_indptr(name: str, indptr: np.ndarray, end: int, what: str) -> np.ndarray:
@@ -116,11 +128,12 @@ def _check_indptr(name: str, indptr: np.ndarray, end: int, what: str) -> np.ndar
     the request an entry ends (0 for the first)."""
     if len(indptr) == 0 or indptr[0] != 0:
         raise ValueError(f"inputs.{name}: starts with {indptr[0] if len(indptr) else 'nothing'}, not 0")
-    lengths = np.diff(indptr.astype(np.int64), prepend=0)
-    _refuse_first(name, indptr, lengths < 0, "less than the offset before it: a request of negative length")
+    # Compared, not subtracted: int64 differences wrap (0, 2^63 - 1, -2^63 went "up" by 1).
+    down = np.concatenate([[False], indptr[1:] < indptr[:-1]])
+    _refuse_first(name, indptr, down, "less than the offset before it: a request of negative length")
     if indptr[-1] != end:
         raise ValueError(f"inputs.{name}: ends at {indptr[-1]}, but {what} is {end}")
-    return lengths
+    return np.diff(indptr.astype(np.int64), prepend=0)  # from 0 up to `end`: no difference wraps
 
 
 def check_paged_kv(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> None:
@@ -245,7 +258,6 @@ from ..model.workload import FP8KVCache, KVCacheValues, SparseDecodeIndices, Spa
 FP8_QUANTIZE_REFERENCE = Path("references/flashmla_sparse/flashmla_sparse_fp8_quantize_ckv512_kpe64_ps64.py")
 MLA_HEAD_DIM, MLA_LATENT, MLA_TILE = 576, 512, 128
 MLA_FP8_BYTES = MLA_LATENT + 4 * (MLA_LATENT // MLA_TILE) + 2 * (MLA_HEAD_DIM - MLA_LATENT)  # 656 per packed token
-INT32_MAX = 2**31 - 1
 CODEBOOK_TOKENS = 2048  # distinct token contents in a generated cache
 
 

@@ -93,13 +93,19 @@ def scalar_value(spec: ScalarInput, dtype: str):
 
 
 def safetensors_tensor(spec: SafetensorsInput, base: Path, dtype: str, device: str) -> torch.Tensor:
+    """The captured tensor; `base` is the workload file's folder, and the blob must be a file inside it (a workload
+    from anyone named /home/..., ../.. or a link out, and its worker was handed whatever that file held)."""
     path = (base / spec.path).resolve()
+    if not path.is_relative_to(Path(base).resolve()):
+        raise ValueError(f"safetensors file {spec.path} is outside {base} (absolute, through '..' or a link)")
     if not path.is_file():
         raise ValueError(f"safetensors file {path} does not exist")
     try:
         with safe_open(str(path), framework="pt") as blob:
             if spec.tensor_key not in blob.keys():
-                raise ValueError(f"{path} has no tensor {spec.tensor_key!r} (keys: {', '.join(blob.keys())})")
+                keys = ", ".join(blob.keys())  # a header may hold millions of them
+                raise ValueError(f"{path} has no tensor {spec.tensor_key!r} (keys: {keys[:200]}"
+                                 f"{'...' if len(keys) > 200 else ''})")
             tensor = blob.get_tensor(spec.tensor_key)
     except (SafetensorError, OSError, MemoryError) as exc:  # a malformed header, a size past memory, no file
         raise ValueError(f"{path} cannot be read as safetensors: {str(exc)[:200]}") from None

@@ -11,7 +11,7 @@ import ast
 import math
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -27,6 +27,10 @@ _COMPARE = {
 }
 _MAX_EXPONENT = 64  # keeps `10 ** 10 ** 10` from hanging the evaluator
 _MAX_INT_BITS = 4096  # keeps `((10 ** 64) ** 64) ** 64` from hanging it too
+# Elements a tensor the evaluator makes may hold beyond the largest tensor it is given: slices, arithmetic
+# and reductions never need more, while an outer product (`x[:, None] - x[None, :]`) or a gather by a long
+# index needs their sizes' product, terabytes for index tensors of a million entries.
+_MAX_NEW_ELEMENTS = 1 << 24
 # A definition may come from anyone (an imported dataset). The longest expression in definitions/ is 235
 # characters and 6 levels deep; 6 MB of `(1, 1, ...)` took 3 GB and minutes to parse, and deep nesting
 # ended `validate` with a RecursionError or a MemoryError from the parser, or would in the evaluator.
@@ -140,6 +144,20 @@ class _Evaluator(ast.NodeVisitor):
     def __init__(self, env: dict[str, Any], functions: frozenset[str]):
         self.env = env
         self.functions = functions
+        given = [value.numel() for value in env.values() if isinstance(value, torch.Tensor)]
+        self.max_elements = max([_MAX_NEW_ELEMENTS, *given])
+
+    def _bounded(self, compute: Callable[..., Any], *operands: Any) -> Any:
+        """compute(*operands), refused before it runs when its result would hold more than max_elements: its
+        shape is found on "meta" first. A boolean mask's result, whose size needs the data, is no larger than
+        what it selects from."""
+        try:
+            shaped = compute(*map(_on_meta, operands))
+        except NotImplementedError:
+            shaped = None
+        if isinstance(shaped, torch.Tensor) and shaped.numel() > self.max_elements:
+            raise ValueError(f"a result of shape {tuple(shaped.shape)} is too large")
+        return compute(*operands)
 
     def visit_Name(self, node: ast.Name) -> Any:
         if node.id not in self.env:
@@ -158,7 +176,7 @@ class _Evaluator(ast.NodeVisitor):
                 raise ValueError(f"exponent {right} is too large")
             if _is_int(left) and _is_int(right) and abs(left).bit_length() * abs(right) > _MAX_INT_BITS:
                 raise ValueError("the power is too large")
-        return _BINARY[type(node.op)](left, right)
+        return self._bounded(_BINARY[type(node.op)], left, right)
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
         operand = self.visit(node.operand)
@@ -177,13 +195,13 @@ class _Evaluator(ast.NodeVisitor):
         left = self.visit(node.left)
         for op, right_node in zip(node.ops, node.comparators):
             right = self.visit(right_node)
-            if not _truth(_COMPARE[type(op)](left, right)):
+            if not _truth(self._bounded(_COMPARE[type(op)], left, right)):
                 return False
             left = right
         return True
 
     def visit_Subscript(self, node: ast.Subscript) -> Any:
-        return self.visit(node.value)[self.visit(node.slice)]
+        return self._bounded(operator.getitem, self.visit(node.value), self.visit(node.slice))
 
     def visit_Slice(self, node: ast.Slice) -> Any:
         parts = (node.lower, node.upper, node.step)
@@ -209,6 +227,15 @@ class _Evaluator(ast.NodeVisitor):
 
     def generic_visit(self, node: ast.AST) -> Any:
         raise ValueError(f"cannot evaluate {type(node).__name__}")
+
+
+def _on_meta(value: Any) -> Any:
+    """`value` with its tensors (also inside an index tuple) on "meta": shapes without data."""
+    if isinstance(value, torch.Tensor):
+        return value.to("meta")
+    if isinstance(value, tuple):
+        return tuple(map(_on_meta, value))
+    return value
 
 
 def _is_int(value: Any) -> bool:

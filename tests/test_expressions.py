@@ -1,6 +1,5 @@
 """The safe evaluator for constraints and cost models: what it computes and what it refuses."""
 
-
 import pytest
 import torch
 
@@ -245,3 +244,22 @@ def test_min_and_max_of_an_empty_tensor_hold_vacuously():
     for source in ("min(x) >= -1 and max(x) < 4", "not (min(x) < 0)"):
         assert parse(source, frozenset({"x"}), frozenset({"min", "max"})).evaluate({"x": empty}) is True
     assert parse("min(x) >= 1", frozenset({"x"}), frozenset({"min"})).evaluate({"x": torch.tensor([0])}) is False
+
+
+
+@pytest.mark.parametrize("source", [
+    "min(c - x) >= 0",  # a column against a row: an outer product
+    "c[:, :1] == x",
+    "min(t[x]) >= 0",  # rows of a table gathered by an index longer than the table
+])
+def test_a_result_far_larger_than_the_tensors_given_is_refused_before_it_is_made(source):
+    """Index tensors of a million entries each: it needed terabytes, and the judge died in the allocator."""
+    env = {"x": torch.zeros(1 << 20, dtype=torch.int64), "c": torch.zeros(1 << 20, 1, dtype=torch.int64),
+           "t": torch.zeros(1024, 4096, dtype=torch.int32)}
+    with pytest.raises(ValueError, match="too large"):
+        evaluate(source, env, COST)
+
+
+def test_slices_arithmetic_and_gathers_within_what_is_given_still_evaluate():
+    env = {"x": torch.arange(1 << 20), "t": torch.zeros(1 << 20, 2)}
+    assert evaluate("min(x[1:] - x[:-1]) >= 1 and x[x[:4]][3] == 3 and t[x].shape[0] == 1048576", env, COST)

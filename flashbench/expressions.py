@@ -230,9 +230,10 @@ class _Evaluator(ast.NodeVisitor):
 
 
 def _on_meta(value: Any) -> Any:
-    """`value` with its tensors (also inside an index tuple) on "meta": shapes without data."""
+    """`value` with its tensors (also inside an index tuple) on "meta": shapes without data. A tensor of one
+    value stays a number: indexing by it (`x[indptr[-1] - 1]`) reads it, which "meta" cannot."""
     if isinstance(value, torch.Tensor):
-        return value.to("meta")
+        return value.item() if value.dim() == 0 and not value.is_meta else value.to("meta")
     if isinstance(value, tuple):
         return tuple(map(_on_meta, value))
     return value

@@ -263,3 +263,4 @@ def test_a_result_far_larger_than_the_tensors_given_is_refused_before_it_is_made
 def test_slices_arithmetic_and_gathers_within_what_is_given_still_evaluate():
     env = {"x": torch.arange(1 << 20), "t": torch.zeros(1 << 20, 2)}
     assert evaluate("min(x[1:] - x[:-1]) >= 1 and x[x[:4]][3] == 3 and t[x].shape[0] == 1048576", env, COST)
+    assert evaluate("x[x[-1] - 1] == 1048574 and t[x[2], 1] == 0 and x[(x[3],)] == 3", env)

@@ -144,20 +144,49 @@ class _Evaluator(ast.NodeVisitor):
     def __init__(self, env: dict[str, Any], functions: frozenset[str]):
         self.env = env
         self.functions = functions
-        given = [value.numel() for value in env.values() if isinstance(value, torch.Tensor)]
+        # Tensors on "meta" (`check_workload`'s random inputs) hold no memory: a workload's axis of 10^12 made one
+        # of 10^12 elements and lifted the bound with it.
+        given = [value.numel() for value in env.values() if isinstance(value, torch.Tensor) and not value.is_meta]
         self.max_elements = max([_MAX_NEW_ELEMENTS, *given])
 
-    def _bounded(self, compute: Callable[..., Any], *operands: Any) -> Any:
-        """compute(*operands), refused before it runs when its result would hold more than max_elements: its
-        shape is found on "meta" first. A boolean mask's result, whose size needs the data, is no larger than
-        what it selects from."""
-        try:
-            shaped = compute(*map(_on_meta, operands))
-        except NotImplementedError:
-            shaped = None
-        if isinstance(shaped, torch.Tensor) and shaped.numel() > self.max_elements:
-            raise ValueError(f"a result of shape {tuple(shaped.shape)} is too large")
-        return compute(*operands)
+    def _refuse(self, shape: Any) -> None:
+        if math.prod(shape) > self.max_elements:
+            raise ValueError(f"a result of shape {tuple(shape)} is too large")
+
+    def _elementwise(self, compute: Callable[[Any, Any], Any], left: Any, right: Any) -> Any:
+        """compute(left, right) (arithmetic, a comparison), refused before it runs when the shape its operands
+        broadcast to holds more than max_elements. Only shapes are read: reading a one-value tensor as a Python
+        number made `x[-1] / y[0]` raise ZeroDivisionError (and `f[0] ** 44` OverflowError) where torch gives inf."""
+        self._check_broadcast(left, right)
+        return compute(left, right)
+
+    def _check_broadcast(self, left: Any, right: Any) -> None:
+        if isinstance(left, tuple) and isinstance(right, tuple):  # compared item by item, each pair a tensor's `==`
+            for pair in zip(left, right):
+                self._check_broadcast(*pair)
+        # With one tensor, or two of one shape, the result is no larger than a tensor already made (and checked).
+        elif (isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor) and left.shape != right.shape
+                and not left.is_meta and not right.is_meta):  # a result on "meta" holds no memory
+            try:
+                shape = torch.broadcast_shapes(left.shape, right.shape)
+            except RuntimeError:  # shapes that do not broadcast: the operation raises its own error
+                return
+            self._refuse(shape)
+
+    def _subscript(self, value: Any, index: Any) -> Any:
+        """value[index], refused before it runs when its result would hold more than max_elements: its shape is
+        found on "meta" first, a boolean mask standing there for the positions it selects (their number read
+        from the mask), as torch itself reads it."""
+        parts = index if isinstance(index, tuple) else (index,)
+        gathers = any(isinstance(part, tuple) or isinstance(part, torch.Tensor) and part.dim() > 0 for part in parts)
+        if gathers and isinstance(value, torch.Tensor) and not value.is_meta:  # else a view, or one value's mask
+            try:
+                shaped = value.to("meta")[_meta_index(index)]
+            except NotImplementedError:  # a mask itself on "meta": the real indexing cannot read it either
+                shaped = None
+            if isinstance(shaped, torch.Tensor):
+                self._refuse(shaped.shape)
+        return value[index]
 
     def visit_Name(self, node: ast.Name) -> Any:
         if node.id not in self.env:
@@ -176,7 +205,7 @@ class _Evaluator(ast.NodeVisitor):
                 raise ValueError(f"exponent {right} is too large")
             if _is_int(left) and _is_int(right) and abs(left).bit_length() * abs(right) > _MAX_INT_BITS:
                 raise ValueError("the power is too large")
-        return self._bounded(_BINARY[type(node.op)], left, right)
+        return self._elementwise(_BINARY[type(node.op)], left, right)
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
         operand = self.visit(node.operand)
@@ -195,13 +224,13 @@ class _Evaluator(ast.NodeVisitor):
         left = self.visit(node.left)
         for op, right_node in zip(node.ops, node.comparators):
             right = self.visit(right_node)
-            if not _truth(self._bounded(_COMPARE[type(op)], left, right)):
+            if not _truth(self._elementwise(_COMPARE[type(op)], left, right)):
                 return False
             left = right
         return True
 
     def visit_Subscript(self, node: ast.Subscript) -> Any:
-        return self._bounded(operator.getitem, self.visit(node.value), self.visit(node.slice))
+        return self._subscript(self.visit(node.value), self.visit(node.slice))
 
     def visit_Slice(self, node: ast.Slice) -> Any:
         parts = (node.lower, node.upper, node.step)
@@ -223,20 +252,57 @@ class _Evaluator(ast.NodeVisitor):
         if isinstance(func, ast.Attribute):  # .item()
             value = self.visit(func.value)
             return value.item() if hasattr(value, "item") else value
-        return COST_FUNCTIONS[func.id](*(self.visit(a) for a in node.args))
+        args = [self.visit(a) for a in node.args]
+        self._check_many(args[0] if len(args) == 1 and isinstance(args[0], tuple) else args)
+        return COST_FUNCTIONS[func.id](*args)
+
+    def _check_many(self, values: Any) -> None:
+        """Python's sum adds the values one by one (`sum((c, x))`), its min and max compare them two by two
+        (`max(c, x)`): each running sum and each pair is refused as a binary operation's result would be."""
+        distinct = list({id(v): v for v in values if isinstance(v, (torch.Tensor, tuple))}.values())
+        if len({v.shape if isinstance(v, torch.Tensor) else id(v) for v in distinct}) < 2:
+            return  # one shape: each sum and comparison as large as a value already made
+        for i, left in enumerate(distinct):
+            for right in distinct[i + 1:]:
+                self._check_broadcast(left, right)
+        shape: Any = ()
+        for value in (v for v in distinct if isinstance(v, torch.Tensor) and not v.is_meta):
+            try:
+                shape = torch.broadcast_shapes(shape, value.shape)
+            except RuntimeError:  # the sum raises its own error there
+                return
+            self._refuse(shape)
 
     def generic_visit(self, node: ast.AST) -> Any:
         raise ValueError(f"cannot evaluate {type(node).__name__}")
 
 
-def _on_meta(value: Any) -> Any:
-    """`value` with its tensors (also inside an index tuple) on "meta": shapes without data. A tensor of one
-    value stays a number: indexing by it (`x[indptr[-1] - 1]`) reads it, which "meta" cannot."""
-    if isinstance(value, torch.Tensor):
-        return value.item() if value.dim() == 0 and not value.is_meta else value.to("meta")
-    if isinstance(value, tuple):
-        return tuple(map(_on_meta, value))
-    return value
+def _meta_index(index: Any) -> Any:
+    """An index (a tuple's parts each) for the value's "meta" copy: a one-value tensor as the Python number torch
+    reads it as (`x[indptr[-1] - 1]`; a bool or uint8 one is a mask, True or False), a mask as one index tensor
+    per dimension it covers, as long as the positions it selects, and other tensors on "meta"."""
+    if isinstance(index, tuple):
+        return tuple(part for item in index for part in _meta_index_parts(item))
+    parts = _meta_index_parts(index)
+    return parts[0] if len(parts) == 1 and not _is_mask(index) else tuple(parts)
+
+
+def _is_mask(value: Any) -> bool:
+    return (isinstance(value, torch.Tensor) and not value.is_meta and value.dim() > 0
+            and value.dtype in (torch.bool, torch.uint8))
+
+
+def _meta_index_parts(value: Any) -> list[Any]:
+    if not isinstance(value, torch.Tensor) or value.is_meta:
+        return [value]
+    if value.is_floating_point() or value.is_complex():  # torch's own refusal, which "meta" raises as RuntimeError
+        raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+    if value.dim() == 0:
+        return [bool(value.item()) if value.dtype in (torch.bool, torch.uint8) else int(value.item())]
+    if _is_mask(value):
+        selected = int(torch.count_nonzero(value).item())
+        return [torch.empty(selected, dtype=torch.int64, device="meta") for _ in range(value.dim())]
+    return [value.to("meta")]
 
 
 def _is_int(value: Any) -> bool:

@@ -264,3 +264,66 @@ def test_slices_arithmetic_and_gathers_within_what_is_given_still_evaluate():
     env = {"x": torch.arange(1 << 20), "t": torch.zeros(1 << 20, 2)}
     assert evaluate("min(x[1:] - x[:-1]) >= 1 and x[x[:4]][3] == 3 and t[x].shape[0] == 1048576", env, COST)
     assert evaluate("x[x[-1] - 1] == 1048574 and t[x[2], 1] == 0 and x[(x[3],)] == 3", env)
+
+
+@pytest.mark.parametrize("source", [
+    "x[-1] / z[0] > 1e30",  # a one-value tensor over zero is inf, as torch has it: the shape check read it as a
+    "not (f[0] // g[0] < 0) and f[0] % g[0] != f[0] % g[0]",  # Python number and raised ZeroDivisionError
+    "f[0] / z[0] > 1e30 and f[0] ** 44 > 1e30",  # Python's float pow raised OverflowError where torch gives inf
+    "f[0] / 0 > 1e30 and not (g[0] ** -1 < 1)",
+])
+def test_one_value_tensors_divide_and_overflow_as_torch_does(source):
+    env = {"x": torch.tensor([1, 2]), "z": torch.tensor([0]), "f": torch.tensor([2.0 ** 40]), "g": torch.tensor([0.0])}
+    assert evaluate(source, env) is True
+
+
+@pytest.mark.filterwarnings("ignore:indexing with dtype torch.uint8")
+def test_indexing_reads_one_value_tensors_and_masks_as_torch_does():
+    x, u = torch.arange(4), torch.tensor([1, 0, 1, 1], dtype=torch.uint8)
+    env = {"x": x, "u": u, "b": torch.tensor(255, dtype=torch.uint8), "s": torch.tensor(7)}
+    assert evaluate("x[u].shape[0] == 3 and x[b].shape == (1, 4) and s[()] == 7 and x[(u,)][2] == 3", env)
+    with pytest.raises(IndexError, match="must be long, int, byte or bool"):
+        evaluate("x[f]", {"x": x, "f": torch.tensor(1.0)})
+
+
+def test_a_length_mismatch_names_the_sizes_as_torch_does():
+    with pytest.raises(RuntimeError, match=r"size of tensor a \(3\) must match the size of tensor b \(4\)"):
+        evaluate("min(x[1:] - y) >= 0", {"x": torch.arange(4), "y": torch.arange(4)}, COST)
+
+
+def test_a_mask_beside_a_long_index_is_refused_before_it_is_made():
+    """The mask's shape on "meta" needed its data (NotImplementedError), so the check was skipped: rows of a long
+    index against every position a mask selects, their sizes' product (here 2^25; 2^32 for a million rows)."""
+    env = {"c": torch.zeros(1 << 13, 1, dtype=torch.int64), "t": torch.zeros(16, 4096, dtype=torch.int32),
+           "m": torch.ones(4096, dtype=torch.bool)}  # a bool input (a comparison gives one value, never a mask)
+    with pytest.raises(ValueError, match="too large"):
+        evaluate("min(t[c[:, :1], m]) >= 0", env, COST)
+    assert evaluate("t[c[:4, :1], m].shape == (4, 4096) and t[m[:16]].shape[0] == 16 and t[:, m].shape[1] == 4096", env)
+
+
+def test_inputs_on_meta_do_not_raise_the_bound():
+    """`check_workload` makes random inputs on "meta": a workload's axis of 2^40 gave one of 2^40 elements, which
+    held no memory yet let a real result of that many elements through."""
+    env = {"x": torch.zeros(1 << 13, dtype=torch.int64), "c": torch.zeros(1 << 12, 1, dtype=torch.int64),
+           "cache": torch.empty(1 << 40, dtype=torch.bfloat16, device="meta")}
+    with pytest.raises(ValueError, match="too large"):
+        evaluate("c[:, :1] == x", env)
+    assert evaluate("(cache * 2).shape[0] == 1099511627776 and x[c[:, 0]].shape[0] == 4096", env)
+
+
+def test_tuples_compared_item_by_item_are_bounded_too():
+    """Python compares tuples by each pair's `==`: a column's against a row's is their sizes' product."""
+    env = {"x": torch.zeros(1 << 13, dtype=torch.int64), "c": torch.zeros(1 << 12, 1, dtype=torch.int64)}
+    with pytest.raises(ValueError, match="too large"):
+        evaluate("(1, c) == (1, x)", env)
+    assert evaluate("(x.shape[0], x[0]) == (8192, 0) and (c[0], x[:1]) == (c[1], x[1:2])", env)
+
+
+@pytest.mark.parametrize("source", ["sum((c, x))[0, 0] == 0", "max(c, x) >= 0", "min((x, c)) >= 0",
+                                    "sum((1, c, 2, x)) > 0"])
+def test_sums_and_extremes_of_several_values_are_bounded_too(source):
+    """sum adds its values one by one, min and max compare them: a column and a row made their sizes' product."""
+    env = {"x": torch.zeros(1 << 13, dtype=torch.int64), "c": torch.zeros(1 << 12, 1, dtype=torch.int64)}
+    with pytest.raises(ValueError, match="too large"):
+        evaluate(source, env, COST)
+    assert evaluate("sum((x[0], x[1], 3)) == 3 and max(x[0], 2, c[0, 0]) == 2 and min(x) == 0", env, COST)

@@ -10,6 +10,15 @@ class FlashbenchError(Exception):
         self.field = field
         super().__init__(str(self))
 
+    @property
+    def detail(self) -> str:
+        """The field and the message, without the file (where the file is said already)."""
+        return ": ".join(part for part in (self.field, self.message) if part)
+
     def __str__(self) -> str:
-        parts = [p for p in (self.file, self.field) if p]
-        return ": ".join(parts + [self.message])
+        return ": ".join(part for part in (self.file, self.detail) if part)
+
+
+def shortened(text: str, limit: int = 200) -> str:
+    """`text` cut to `limit` characters for a message (what it quotes may come from anyone, at any length)."""
+    return text if len(text) <= limit else text[:limit] + "..."

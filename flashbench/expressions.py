@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import torch
 
+from .errors import shortened
+
 _BINARY = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
@@ -75,11 +77,11 @@ def parse(source: str, allowed_names: set[str], functions: frozenset[str] = froz
     try:
         tree = ast.parse(source.strip(), mode="eval")
     except SyntaxError as exc:
-        raise ValueError(f"does not parse: {exc.msg} in {_shown(source)}") from None
+        raise ValueError(f"does not parse: {exc.msg} in {shortened(repr(source))}") from None
     except (RecursionError, MemoryError):  # the parser's own stack, past its nesting limit
-        raise ValueError(f"nests deeper than {MAX_DEPTH} levels: {_shown(source)}") from None
+        raise ValueError(f"nests deeper than {MAX_DEPTH} levels: {shortened(repr(source))}") from None
     if _depth(tree) > MAX_DEPTH:
-        raise ValueError(f"nests deeper than {MAX_DEPTH} levels: {_shown(source)}")
+        raise ValueError(f"nests deeper than {MAX_DEPTH} levels: {shortened(repr(source))}")
     names: set[str] = set()
     for node in ast.walk(tree):
         _check_node(node, source, functions)
@@ -92,10 +94,6 @@ def parse(source: str, allowed_names: set[str], functions: frozenset[str] = froz
             f"only axis and input names are allowed"
         )
     return Expression(source, tree, frozenset(names), functions)
-
-
-def _shown(source: str) -> str:
-    return repr(source) if len(source) <= 200 else repr(source[:200]) + "..."
 
 
 def _depth(tree: ast.AST) -> int:

@@ -627,9 +627,7 @@ def interface_difference(ours: Definition, theirs: Definition) -> str | None:
 def reason(exc: Exception) -> str:
     """Why a record was skipped, its field first where the error names one; the file (a staging folder's, or the
     record's `where` said before it) left out. Without the field, "an integer past int64" named no value."""
-    if isinstance(exc, FlashbenchError):
-        return ": ".join(part for part in (exc.field, exc.message) if part)
-    return str(exc)
+    return exc.detail if isinstance(exc, FlashbenchError) else str(exc)
 
 
 def workload_to_ours(record: fib.FibWorkload, dataset: Path, where: str) -> tuple[Workload, list[PurePosixPath]]:

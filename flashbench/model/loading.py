@@ -9,7 +9,7 @@ from typing import BinaryIO, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ..errors import FlashbenchError
+from ..errors import FlashbenchError, shortened
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -161,7 +161,7 @@ def _first_error(errors: list[dict], path: Path) -> FlashbenchError:
     field = ".".join(str(part) for part in error["loc"]) or None
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "literal_error" and "input" in error:
-        message = f"{_shortened(repr(error['input']))} is not allowed; {message.lower()}"
+        message = f"{shortened(repr(error['input']))} is not allowed; {message.lower()}"
     if error["type"] == "extra_forbidden":
         message = "unknown key"
     lifted = _FIELD_PREFIX.match(message) if error["type"] == "value_error" else None
@@ -172,7 +172,3 @@ def _first_error(errors: list[dict], path: Path) -> FlashbenchError:
     if more:
         message += f" (and {more} more problem{'s' if more > 1 else ''})"
     return FlashbenchError(message, path, field)
-
-
-def _shortened(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -6,6 +6,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..dtypes import dtype_name, is_float, torch_dtype
+from ..errors import shortened
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 
 DEFAULT_RANDOM = RandomInput(type="random")
@@ -103,9 +104,8 @@ def safetensors_tensor(spec: SafetensorsInput, base: Path, dtype: str, device: s
     try:
         with safe_open(str(path), framework="pt") as blob:
             if spec.tensor_key not in blob.keys():
-                keys = ", ".join(blob.keys())  # a header may hold millions of them
-                raise ValueError(f"{path} has no tensor {spec.tensor_key!r} (keys: {keys[:200]}"
-                                 f"{'...' if len(keys) > 200 else ''})")
+                keys = shortened(", ".join(blob.keys()))  # a header may hold millions of them
+                raise ValueError(f"{path} has no tensor {spec.tensor_key!r} (keys: {keys})")
             tensor = blob.get_tensor(spec.tensor_key)
     except (SafetensorError, OSError, MemoryError) as exc:  # a malformed header, a size past memory, no file
         raise ValueError(f"{path} cannot be read as safetensors: {str(exc)[:200]}") from None

@@ -209,9 +209,9 @@ def folder_problem(folder: Path, solution: Solution, shared: Sequence[Path] = ()
 
 def missing_dependencies(solution: Solution) -> list[str]:
     """Declared packages that are not installed here, found without importing anything: a dependency is a
-    distribution or top-level module name (the Solution model refuses paths), looked up as an installed distribution or a
-    top-level module in the folders of sys.path but the working directory, so a repository's own folders
-    (solutions/, tests/) cannot answer for it."""
+    distribution or top-level module name (the Solution model refuses paths), looked up as an installed
+    distribution or a top-level module in the folders of sys.path but the working directory, so a repository's
+    own folders (solutions/, tests/) cannot answer for it."""
     places = _package_folders()
     missing = []
     for dependency in solution.dependencies:

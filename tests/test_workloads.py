@@ -2,6 +2,8 @@
 captured index structure is held to."""
 
 import importlib.util
+import json
+import math
 import shutil
 from pathlib import Path
 
@@ -770,6 +772,45 @@ def test_a_blob_outside_the_workload_files_folder_is_not_read(decode, tmp_path, 
     w = captured_workload(where.format(tmp=tmp_path), kv_indptr="indptr")
     with pytest.raises(BindingError, match=r"^inputs.kv_indptr: safetensors file .* is outside "):
         generate_inputs(decode, w, seed=0, base_dir=folder)
+
+
+def sparse_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
+    """A safetensors file whose header declares these (dtype code, shape) tensors, their data a hole: tiny on disk,
+    as large as declared when read."""
+    sizes = {"I32": 4, "BF16": 2}
+    header, offset = {}, 0
+    for key, (code, shape) in tensors.items():
+        end = offset + math.prod(shape) * sizes[code]
+        header[key] = {"dtype": code, "shape": shape, "data_offsets": [offset, end]}
+        offset = end
+    encoded = json.dumps(header).encode()
+    with open(path, "wb") as out:
+        out.write(len(encoded).to_bytes(8, "little") + encoded)
+        out.truncate(8 + len(encoded) + offset)
+
+
+def test_a_blob_declaring_more_than_the_memory_budget_is_refused_unread(decode, tmp_path, monkeypatch):
+    """A sparse file of a few bytes on disk declared a tensor of hundreds of GiB, and the judge read it whole
+    (killed for memory on a real budget). Captured tensors of one workload share half the machine's memory."""
+    monkeypatch.setattr("flashbench.workloads.captured_memory_budget", lambda: 1 << 20)
+    sparse_safetensors(tmp_path / "b.safetensors", {"indptr": ("I32", [4]), "q_pe": ("BF16", [3, 16, 64]),
+                                                    "huge": ("BF16", [1 << 20])})
+    w = captured_workload("b.safetensors", kv_indptr="indptr", q_pe="huge")
+    with pytest.raises(BindingError, match=r"^inputs.q_pe: .*b.safetensors:huge holds 2,097,152 bytes, more than "
+                                           "the 1,048,576 left of half this machine's memory"):
+        generate_inputs(decode, w, seed=0, base_dir=tmp_path)
+    # The budget is for all of a workload's captured tensors together: the last one read is refused past it.
+    tensors = {"indptr": torch.tensor([0, 2, 2, 7], dtype=torch.int32), "indices": torch.arange(7, dtype=torch.int32),
+               "q_pe": torch.randn(3, 16, 64).bfloat16()}
+    save_file(tensors, str(tmp_path / "real.safetensors"))
+    w = captured_workload("real.safetensors", kv_indptr="indptr", kv_indices="indices", q_pe="q_pe")
+    total = sum(t.nbytes for t in tensors.values())
+    monkeypatch.setattr("flashbench.workloads.captured_memory_budget", lambda: total)
+    assert torch.equal(generate_inputs(decode, w, seed=0, base_dir=tmp_path)["kv_indices"], tensors["indices"])
+    monkeypatch.setattr("flashbench.workloads.captured_memory_budget", lambda: total - 1)
+    with pytest.raises(BindingError, match=r"^inputs.kv_indices: .*real.safetensors:indices holds 28 bytes, more than "
+                                           "the 27 left"):
+        generate_inputs(decode, w, seed=0, base_dir=tmp_path)
 
 
 @pytest.mark.parametrize("lengths, message", [

@@ -24,7 +24,8 @@ from ..dtypes import is_float
 from ..model import Definition, Workload
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 from .generators import DATA_OUTPUTS, GENERATORS, INDEX_RULES, GeneratedData, IndexRule, sample_lengths
-from .tensors import DEFAULT_RANDOM, random_tensor, refill_random, safetensors_tensor, scalable, scalar_value, symmetric
+from .tensors import (DEFAULT_RANDOM, captured_memory_budget, random_tensor, refill_random, safetensors_tensor, scalable,
+                      scalar_value, symmetric)
 
 __all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "whole_redrawn",
            "refill_whole", "draw_windows", "window_copies", "window_elements", "window_spans", "window_starts",
@@ -49,6 +50,7 @@ def generate_inputs(
     if both:
         raise BindingError(f"inputs.{both[0]}: a generator already makes this input; give it in one place only")
     axes = {**definition.const_axes, **workload.axes, **axes}
+    captured_budget = captured_memory_budget()
     for name, spec in definition.inputs.items():
         if name in inputs:
             continue
@@ -59,9 +61,10 @@ def generate_inputs(
             # Captured tensors may be index tensors the constraints read: on "meta" they stay on the CPU.
             try:
                 inputs[name] = safetensors_tensor(descriptor, base_dir, spec.dtype,
-                                                  "cpu" if device == "meta" else device)
+                                                  "cpu" if device == "meta" else device, captured_budget)
             except ValueError as exc:
                 raise BindingError(f"inputs.{name}: {exc}") from None
+            captured_budget -= inputs[name].nbytes
         else:
             if spec.shape is None:
                 raise BindingError(f"input {name} is a scalar; give it as {{type: scalar, value: ...}}")

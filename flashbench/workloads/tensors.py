@@ -1,5 +1,7 @@
 """Making single inputs from their descriptors: random, scalar, safetensors."""
 
+import math
+import os
 from pathlib import Path
 
 import torch
@@ -93,9 +95,25 @@ def scalar_value(spec: ScalarInput, dtype: str):
     return float(spec.value) if is_float(dtype) else int(spec.value)
 
 
-def safetensors_tensor(spec: SafetensorsInput, base: Path, dtype: str, device: str) -> torch.Tensor:
+# Bytes per element of safetensors' dtype codes; any other code is one byte or less (FP8, FP4, 8-bit ints, bool).
+_SAFETENSORS_ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                         "U16": 2}
+
+
+def captured_memory_budget() -> int:
+    """The bytes all captured tensors of one workload may hold: half the machine's memory. A header may declare
+    any size, and a sparse file on disk reads back as that many bytes; past this the judge would be killed
+    for memory (it keeps the inputs, their copies and the reference's outputs) rather than refuse."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def safetensors_tensor(spec: SafetensorsInput, base: Path, dtype: str, device: str, budget: int) -> torch.Tensor:
     """The captured tensor; `base` is the workload file's folder, and the blob must be a file inside it (a workload
-    from anyone named /home/..., ../.. or a link out, and its worker was handed whatever that file held)."""
+    from anyone named /home/..., ../.. or a link out, and its worker was handed whatever that file held). A tensor
+    declaring more than `budget` bytes is refused unread."""
     path = (base / spec.path).resolve()
     if not path.is_relative_to(Path(base).resolve()):
         raise ValueError(f"safetensors file {spec.path} is outside {base} (absolute, through '..' or a link)")
@@ -106,6 +124,11 @@ def safetensors_tensor(spec: SafetensorsInput, base: Path, dtype: str, device: s
             if spec.tensor_key not in blob.keys():
                 keys = shortened(", ".join(blob.keys()))  # a header may hold millions of them
                 raise ValueError(f"{path} has no tensor {spec.tensor_key!r} (keys: {keys})")
+            header = blob.get_slice(spec.tensor_key)
+            size = math.prod(header.get_shape()) * _SAFETENSORS_ITEMSIZE.get(header.get_dtype(), 1)
+            if size > budget:
+                raise ValueError(f"{path}:{spec.tensor_key} holds {size:,} bytes, more than the {max(budget, 0):,} "
+                                 "left of half this machine's memory for captured tensors")
             tensor = blob.get_tensor(spec.tensor_key)
     except (SafetensorError, OSError, MemoryError) as exc:  # a malformed header, a size past memory, no file
         raise ValueError(f"{path} cannot be read as safetensors: {str(exc)[:200]}") from None

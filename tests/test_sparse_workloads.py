@@ -442,6 +442,22 @@ def test_a_captured_model_weight_may_stay_the_same_but_no_other_data_input():
     assert "q" in random_inputs(sink, sinks) and "attn_sink" not in random_inputs(sink, sinks)
 
 
+def test_a_random_model_weight_is_one_weight_in_every_input_set_and_workload():
+    """`constant: true` says a solution may keep what it derives from the input. Drawn from each input set's own
+    seed, the sink differed between a job's three sets (and between workloads), and a solution that prepared
+    exp(attn_sink) on its first call, as a serving system does at load, read INCORRECT_NUMERICAL on input set 1."""
+    repo = Repo(ROOT)
+    for prefix in ("flashmla_sparse_decode_fp8_sink_h64", "flashmla_sparse_prefill_sink_topklen_h64"):
+        sink = repo.definition(next(name for name in repo.names() if name.startswith(prefix)))
+        smoke = [w for w in repo.workload_set(sink.name).workloads if "smoke" in w.tags]
+        job = JobInputs(sink, smoke[0], [11, 12, 13], "cpu", ROOT / "definitions")
+        weights = [job.drawn(i)["attn_sink"] for i in range(3)]
+        weights.append(generate_inputs(sink, smoke[1], 14, "cpu", ROOT / "definitions")["attn_sink"])
+        assert all(torch.equal(weights[0], other) for other in weights[1:])
+        # ...while the other data inputs still differ from set to set
+        assert not torch.equal(job.drawn(0)["q"], job.drawn(1)["q"])
+
+
 # A solution that memoizes per input set what it derives from generated data: it passed while
 # generated inputs were public and never changed; now every call's cache differs, and it fails.
 

@@ -70,7 +70,11 @@ def generate_inputs(
                 raise BindingError(f"input {name} is a scalar; give it as {{type: scalar, value: ...}}")
             shape = _concrete_shape(name, spec.shape, axes)
             try:
-                inputs[name] = random_tensor(descriptor, shape, spec.dtype, random_seed(seed, workload, name), device)
+                # A constant input (a model weight) is the same in every input set and every workload of the
+                # definition that draws it alike: a solution may keep what it derives from it (InputSpec.constant),
+                # as a serving system keeps what it derives from its weights, however it keys what it keeps.
+                drawn_from = constant_seed(definition, name) if spec.constant else random_seed(seed, workload, name)
+                inputs[name] = random_tensor(descriptor, shape, spec.dtype, drawn_from, device)
             except ValueError as exc:
                 if name not in workload.inputs:  # drawn by default: often an input a generator ought to make
                     raise BindingError(f"inputs.{name}: not given, so drawn at random, and {exc}; or capture it, or "
@@ -145,6 +149,12 @@ def workload_problem(definition: Definition, workload: Workload, base_dir: Path)
 
 def random_seed(seed: int, workload: Workload, name: str) -> int:
     return derive_seed(seed, workload.uuid, name)
+
+
+def constant_seed(definition: Definition, name: str) -> int:
+    """The seed of a constant input drawn at random: the definition's and the input's alone, neither the set's nor
+    the workload's, so that every call of a run (and every workload of it, where drawn alike) sees one weight."""
+    return derive_seed(definition.name, name, "constant")
 
 
 def random_inputs(definition: Definition, workload: Workload) -> list[str]:

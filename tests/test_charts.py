@@ -84,3 +84,19 @@ def test_host_clock_timings_are_not_on_the_roofline():
     cpu_board = build_boards(traces_frame(on_cpu))[0]
     colour = board_colours([cpu_board])["fast"]
     assert has_colour(latency_chart(cpu_board), colour) and not has_colour(roofline_chart(cpu_board), colour)
+
+
+def test_a_name_starting_with_an_underscore_is_in_the_legend(monkeypatch):
+    """matplotlib leaves labels starting with '_' out of a legend it gathers itself: a solution named `_fast` had
+    its bars drawn and no name beside them."""
+    import matplotlib.axes
+
+    seen = []
+    legend = matplotlib.axes.Axes.legend
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend",
+                        lambda self, *a, **k: seen.append([t.get_text() for t in legend(self, *a, **k).get_texts()]))
+    traces = [make_trace("reference", "w1-aaaaaa", 8.0), make_trace("_fast", "w1-aaaaaa", 2.0)]
+    [board] = build_boards(traces_frame(traces), calibrations={"gpu_x": CALIBRATION})
+    latency_chart(board)
+    roofline_chart(board)
+    assert all("_fast" in labels for labels in seen) and len(seen) == 2

@@ -413,3 +413,12 @@ def test_plain_tags_and_authors_are_kept(tmp_path):
     for author in ("\u0645\u06cc\u200c\u0631\u0627", "\u0915\u094d\u200d\u0937", "Jane\u00a0Doe"):
         path.write_text(yaml.safe_dump({**SOLUTION_MANIFEST, "author": author}, allow_unicode=True))
         assert load_model(Solution, path).author == author
+
+
+def test_no_definition_is_named_after_the_shared_folder():
+    """Red team: an imported dataset's definition `_shared` had its solutions written into solutions/_shared/."""
+    path = Path(__file__).resolve().parents[1] / "definitions/mla_paged/mla_paged_decode_h16_ckv512_kpe64_ps1.yaml"
+    data = json.loads(json.dumps(yaml.safe_load(path.read_text())))
+    Definition.model_validate(data)
+    with pytest.raises(ValueError, match="shared"):
+        Definition.model_validate(data | {"name": "_shared"})

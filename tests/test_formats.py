@@ -1,9 +1,15 @@
 import json
 
+import pytest
+from markdown_it import MarkdownIt
+from pydantic import ValidationError
 from trace_factory import CALIBRATION, make_trace
 
 from flashbench.leaderboard import build_boards, by_workload_display, ranking_display, results_display, traces_frame
-from flashbench.leaderboard.formats import csv, json_text, markdown
+from flashbench.leaderboard.board import VIEW_COLUMNS
+from flashbench.leaderboard.formats import csv, json_text, markdown, markdown_text
+from flashbench.model import Solution
+from flashbench.model.solution import BOARD_COLUMNS
 
 TRACES = [make_trace("reference", "w1-aaaaaa", 8.0), make_trace("fast", "w1-aaaaaa", 2.0, ci=0.25),
           make_trace("fast", "w1-aaaaaa", 2.0), make_trace("reference", "w2-aaaaaa", 8.0),
@@ -46,3 +52,22 @@ def test_machine_formats_keep_numbers():
     assert csv(BOARDS).splitlines()[2] == "1,fast,fast-hash,False,,1,2,4.0,4.0,0.5,0.5,0.5,1.0,50.0,0.0,0,3,gpu_x,reference"
     assert markdown(BOARDS).startswith("## GPU X (gpu_x)\n\n- baseline: reference")
     assert "- measured with timing events, L2 flushed (256 MiB), device cuda" in markdown(BOARDS)
+
+
+def test_a_backslash_cannot_undo_the_markdown_escapes():
+    """Red team: a device or timing method written `\\[text\\](https://...)` in a trace (or an imported dataset's) came
+    out `\\\\[text\\\\](...)`: an escaped backslash, then a live link, on the board and in `report`."""
+    rendered = MarkdownIt("commonmark").enable("table").render(
+        "| a |\n|---|\n| " + markdown_text("\\[click\\](https://evil.example/x) \\|x") + " |\n")
+    assert "<a " not in rendered and "evil.example" in rendered
+
+
+def test_no_solution_may_take_the_name_of_a_board_column():
+    """Red team: a solution run by path as `best` or `workload` overwrote those columns of the board by workload and
+    of `report`, and ended the JSON, HTML and by-workload boards of its hardware with a traceback."""
+    assert set(VIEW_COLUMNS) | {"MB", "hardware", "baseline"} <= BOARD_COLUMNS  # the boards' own columns, all reserved
+    for name in BOARD_COLUMNS:
+        with pytest.raises(ValidationError):
+            make_trace(name, "w1-aaaaaa", 1.0)
+        with pytest.raises(ValidationError):
+            Solution(name=name, definition="d", author="a", language="python", entry_point="k.py::run")

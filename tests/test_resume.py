@@ -57,7 +57,8 @@ def test_a_record_made_less_isolated_than_the_run_runs_again(recorded, run, agai
 def test_a_time_measured_otherwise_runs_again():
     """After another L2 flush, or on inputs whose seeds were public, a time measured something else."""
     measured = {"seeds": "secret", "l2_flush": "flushed: write+read v3"}
-    passed = make_trace("s", "w", latency_ms=1.0, timing={**EVENTS, **measured}).model_copy(update={"isolation": "namespaces"})
+    passed = make_trace("s", "w", latency_ms=1.0, timing={**EVENTS, **measured})
+    passed = passed.model_copy(update={"isolation": "namespaces"})
     assert settled(passed, "namespaces", measured)
     assert not settled(passed, "namespaces", {**measured, "l2_flush": "flushed: write+read v4"})
     assert not settled(passed, "namespaces", {**measured, "seeds": "public"})
@@ -121,3 +122,18 @@ def test_a_pass_under_looser_checks_runs_again(fresh_repo, shared_cache, tmp_pat
     again = run()
     assert again.skipped == []
     assert [t.status for t in again.traces] == ["INCORRECT_NUMERICAL"]
+
+
+def test_a_pass_made_by_another_judge_or_with_fewer_calls_runs_again():
+    """Red team: a PASSED recorded by an older flashbench (before a fix that would fail it), or timed with
+    --iters 1, was kept by every later --resume: only the definition's checks were compared."""
+    from flashbench.run.resume import JUDGE_VERSION
+
+    measured = {"seeds": "secret", "judge": JUDGE_VERSION, "warmup": 1, "iters": 50}
+    passed = make_trace("s", "w", latency_ms=1.0, timing={**EVENTS, **measured})
+    passed = passed.model_copy(update={"isolation": "namespaces"})
+    assert settled(passed, "namespaces", measured)
+    assert not settled(passed, "namespaces", {**measured, "judge": JUDGE_VERSION + 1})
+    assert not settled(passed, "namespaces", {**measured, "iters": 500})
+    older = make_trace("s", "w", latency_ms=1.0, timing=EVENTS).model_copy(update={"isolation": "namespaces"})
+    assert not settled(older, "namespaces", measured)  # recorded before the judge's version was

@@ -49,6 +49,13 @@ def board_colours(boards: Iterable[Board]) -> dict[str, str]:
 PLAIN_TEXT = {"text.parse_math": False}
 
 
+def _legend(axes, entries: list) -> None:
+    """A legend of (artist, label) pairs given explicitly: matplotlib leaves out of a legend it gathers itself every
+    label that starts with '_', and a solution may be named so (`_fast`): its bars were drawn, unnamed."""
+    if entries:
+        axes.legend([artist for artist, _ in entries], [label for _, label in entries], fontsize="small")
+
+
 @rc_context(PLAIN_TEXT)
 def latency_chart(board: Board, colours: dict[str, str] | None = None) -> bytes:
     """Grouped bars: one group per workload, one bar per solution (valid results only), log scale."""
@@ -58,18 +65,19 @@ def latency_chart(board: Board, colours: dict[str, str] | None = None) -> bytes:
     figure, axes = _figure(max(6.0, 2 + 0.3 * len(view) * len(solutions)))
     width = 0.8 / max(1, len(solutions))
     positions = np.arange(len(view))
+    legend = []
     for i, solution in enumerate(solutions):
         heights = [v if isinstance(v, float) else np.nan for v in view[solution]]
-        axes.bar(positions + (i - (len(solutions) - 1) / 2) * width, heights, width, label=solution,
-                 color=colours[solution])
+        legend.append((axes.bar(positions + (i - (len(solutions) - 1) / 2) * width, heights, width,
+                                color=colours[solution]), solution))
     if view["floor_us"].notna().any():
-        axes.scatter(positions, view["floor_us"], marker="_", s=400, color="black", zorder=3, label="floor")
+        legend.append((axes.scatter(positions, view["floor_us"], marker="_", s=400, color="black", zorder=3), "floor"))
     axes.set_yscale("log")
     axes.set_xticks(positions, view["workload"], rotation=30, ha="right")
     axes.set_ylabel("median latency (µs, log scale)")
     axes.set_title(f"Latency per workload on {board.hardware_name}")
     axes.set_xlabel("workload (no bar: failed, suspicious or not run)")
-    axes.legend(fontsize="small")
+    _legend(axes, legend)
     return _png(figure)
 
 
@@ -82,9 +90,10 @@ def roofline_chart(board: Board, colours: dict[str, str] | None = None) -> bytes
     results = board.results
     points = results[results["valid"] & (results["bytes"] > 0) & (results["flops"] > 0)
                      & (results["timing_method"] != HOST_CLOCK)]
+    legend = []
     for solution, mine in points.groupby("solution", sort=False):
-        axes.scatter(mine["flops"] / mine["bytes"], mine["flops"] / (mine["latency_ms"] / 1e3), label=solution,
-                     color=colours[solution])
+        legend.append((axes.scatter(mine["flops"] / mine["bytes"], mine["flops"] / (mine["latency_ms"] / 1e3),
+                                    color=colours[solution]), solution))
     calibration = board.calibration
     if calibration is not None:
         ridge = calibration.matmul_flops_per_s / calibration.memory_bytes_per_s
@@ -92,16 +101,17 @@ def roofline_chart(board: Board, colours: dict[str, str] | None = None) -> bytes
         low = min([ridge / 100, *intensities]) / 2
         high = max([ridge * 10, *intensities]) * 2
         x = np.geomspace(low, high, 200)
-        axes.plot(x, np.minimum(calibration.matmul_flops_per_s, x * calibration.memory_bytes_per_s), color="black",
-                  label=f"roofs: {calibration.memory_bytes_per_s / 1e9:.0f} GB/s, "
-                        f"{calibration.matmul_flops_per_s / 1e12:.1f} TFLOP/s")
+        [roof] = axes.plot(x, np.minimum(calibration.matmul_flops_per_s, x * calibration.memory_bytes_per_s),
+                           color="black")
+        legend.append((roof, f"roofs: {calibration.memory_bytes_per_s / 1e9:.0f} GB/s, "
+                             f"{calibration.matmul_flops_per_s / 1e12:.1f} TFLOP/s"))
     if points.empty and calibration is None:
         axes.text(0.5, 0.5, "no valid results with a cost model and a device timing", ha="center",
                   transform=axes.transAxes)
     else:
         axes.set_xscale("log")
         axes.set_yscale("log")
-        axes.legend(fontsize="small")
+        _legend(axes, legend)
     roofs = "" if calibration else " (no calibration: roofs unknown)"
     axes.set_title(f"Roofline on {board.hardware_name}{roofs}")
     axes.set_xlabel("arithmetic intensity (FLOPs / byte)")

@@ -97,8 +97,10 @@ def markdown_text(text: str) -> str:
     """Text from a trace (a solution's name, a device's, a message) shown as text in Markdown: one line of
     printable characters, no HTML and no cell break. A trace file, or an imported dataset's, may hold any
     string there: `<img onerror=...>`, a newline and a heading, a terminal's escape sequences, a link's
-    `[text](javascript:...)` got through."""
-    escaped = printable_line(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    `[text](javascript:...)` got through. A backslash is escaped first: one written before a `|` or `[` cancelled the
+    escape added after it (`\\[text\\](https://...)` became a live link again)."""
+    escaped = printable_line(text).replace("\\", "\\\\")
+    escaped = escaped.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return escaped.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
 
 

@@ -15,6 +15,7 @@ _REFERENCE_PATH = re.compile(r"^[\w./-]+\.py$")
 _NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
 FOLDER_NAME = rf"^{_NAME}$"
 FOLDER_NAME_OR_NONE = rf"^({_NAME})?$"
+SHARED_FOLDER = "_shared"  # solutions/_shared/<name>/: files that several solution folders use; no definition's name
 # Constraints may reduce an index tensor to one value ("every request has at least one key").
 CONSTRAINT_FUNCTIONS = frozenset({"min", "max"})
 
@@ -145,6 +146,13 @@ class CostModel(Strict):
 class Definition(Strict):
     name: str = Field(pattern=FOLDER_NAME)  # solutions/<name>/
     op_type: str
+
+    @field_validator("name")
+    @classmethod
+    def _not_the_shared_folder(cls, name: str) -> str:
+        if name == SHARED_FOLDER:  # its solutions would be written into solutions/_shared/ (import-fib)
+            raise ValueError(f"{SHARED_FOLDER!r} is the folder of shared files, no definition's name")
+        return name
     description: str = ""
     tags: list[str] = []
     axes: dict[str, Axis]

@@ -6,9 +6,21 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
-from .definition import FOLDER_NAME, Strict
+from .definition import FOLDER_NAME, SHARED_FOLDER, Strict
 
-SHARED_FOLDER = "_shared"  # solutions/_shared/<name>/: files that several solution folders use
+# Boards name columns after solutions beside columns of their own (leaderboard/board.py VIEW_COLUMNS, report.py,
+# the CSV's hardware and baseline): a solution of one of these names overwrote that column and ended the JSON,
+# HTML and by-workload boards of its hardware with a traceback.
+BOARD_COLUMNS = frozenset({"workload", "floor_us", "best", "best_us", "best_sol_pct", "MB", "hardware", "baseline"})
+
+
+def not_a_board_column(name: str) -> str:
+    if name in BOARD_COLUMNS:
+        raise ValueError(f"{name!r} names a column of the boards; a solution needs a name of its own")
+    return name
+
+
+SolutionName = Annotated[str, Field(pattern=FOLDER_NAME), AfterValidator(not_a_board_column)]
 # Tags, authors and hardware names reach boards (Markdown, HTML, charts, the terminal): a tag is a
 # word, a label one printable line; neither can open a table cell, a link, markup or an escape sequence.
 TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$"
@@ -53,7 +65,7 @@ def dependency_name(dependency: str) -> str | None:
 
 
 class Solution(Strict):
-    name: str = Field(pattern=FOLDER_NAME)
+    name: SolutionName
     definition: str = Field(pattern=FOLDER_NAME)
     author: Label
     description: str = ""

@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .definition import FOLDER_NAME, FOLDER_NAME_OR_NONE
-from .solution import TAG, HardwareName, Label
+from .solution import TAG, HardwareName, Label, SolutionName
 
 Status = Literal[
     "PASSED", "INCORRECT_SHAPE", "INCORRECT_DTYPE", "INCORRECT_NUMERICAL", "RUNTIME_ERROR",
@@ -69,7 +69,7 @@ class Trace(BaseModel):
     definition: str = Field(pattern=FOLDER_NAME)
     workload: str = Field(description="workload uuid")
     workload_name: str = Field("", pattern=FOLDER_NAME_OR_NONE)
-    solution: str = Field(pattern=FOLDER_NAME)
+    solution: SolutionName
     solution_hash: str
     solution_tags: list[Annotated[str, Field(pattern=TAG)]] = Field([], description="the solution's tags, e.g. baseline")
     author: Label

@@ -9,6 +9,11 @@ from ..model import Trace
 from .sandbox import ISOLATION_LEVELS
 
 RUN_AGAIN = "MISSING_DEPENDENCY"
+# Raised whenever a change to the judge (how inputs are drawn and redrawn, what is checked, how the sandbox holds a
+# worker) could turn a verdict: every timed result records it (Runner._measured_as), and --resume runs again a record
+# made under another. Without it a PASSED that a since-fixed hole let through, made by an older flashbench, was kept
+# by every later --resume (the checks' digest covers the definition and its reference, not the harness).
+JUDGE_VERSION = 1
 
 
 def settled(trace: Trace, isolation: str | None = None, timing: dict | None = None) -> bool:

@@ -31,7 +31,7 @@ from .options import RunOptions
 from .plan import Candidate, Job, candidates, refuse_invalid_workloads
 from .recorder import TRACE_FILE_CHANGED, TraceRecorder, rejected
 from .recipe import FLUSH_BYTES, flush_label
-from .resume import settled
+from .resume import JUDGE_VERSION, settled
 from .session import JobOutcome
 
 BACKENDS = ("local", "ray")
@@ -187,7 +187,8 @@ class Runner:
         with no timed call checked, is no pass now."""
         return {"seeds": "public" if self.options.seed is not None else "secret",
                 **({"l2_flush": flush_label(self.options.flush)} if self.options.on_gpu else {}),
-                "checks": self._checks_digest, "checked_calls_asked": self.options.checked_calls}
+                "checks": self._checks_digest, "checked_calls_asked": self.options.checked_calls,
+                "judge": JUDGE_VERSION, "warmup": self.options.warmup, "iters": self.options.iters}
 
     @functools.cached_property
     def _checks_digest(self) -> str:

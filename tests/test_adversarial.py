@@ -285,7 +285,7 @@ def test_every_record_has_a_folder_and_every_folder_a_record():
 def test_record_is_well_formed(name):
     record = RECORDS[name]
     assert set(record) <= {"name", "expected", "message", "device", "isolation", "process_level",
-                           "confined_process_level", "min_latency_ms", "attack"}
+                           "confined_process_level", "min_latency_ms", "min_control_share", "attack"}
     assert set(acceptable(record)) <= STATUSES | {SELECTION_ERROR}
     assert record["device"] in ("cpu", "cuda")
     assert record.get("isolation", "namespaces") == "namespaces"
@@ -341,6 +341,9 @@ def test_verdict(adversarial_run, entry):
             if trace.status == "PASSED":
                 assert trace.performance is not None and trace.performance.latency_ms > 0, described
                 assert trace.performance.latency_ms >= expectation.get("min_latency_ms", 0), described
+                if "min_control_share" in expectation:  # a pass with no gain: at about the correct solution's time
+                    control = min(t.performance.latency_ms for t in adversarial_run.traces[(CONTROL, workload)])
+                    assert trace.performance.latency_ms >= expectation["min_control_share"] * control, described
             else:
                 assert trace.performance is None and trace.message, described
     if not checked:

@@ -420,5 +420,6 @@ def test_no_definition_is_named_after_the_shared_folder():
     path = Path(__file__).resolve().parents[1] / "definitions/mla_paged/mla_paged_decode_h16_ckv512_kpe64_ps1.yaml"
     data = json.loads(json.dumps(yaml.safe_load(path.read_text())))
     Definition.model_validate(data)
-    with pytest.raises(ValueError, match="shared"):
-        Definition.model_validate(data | {"name": "_shared"})
+    for name in ("_shared", "_Shared"):  # the second is the same folder on a case-insensitive file system
+        with pytest.raises(ValueError, match="shared"):
+            Definition.model_validate(data | {"name": name})

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from flashbench import Repo
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
 from flashbench.run.protocol import Failed, FailureStatus
-from flashbench.run.resume import settled
+from flashbench.run.resume import JUDGE_VERSION, settled
 from trace_factory import EVENTS, make_trace
 
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -124,16 +124,48 @@ def test_a_pass_under_looser_checks_runs_again(fresh_repo, shared_cache, tmp_pat
     assert [t.status for t in again.traces] == ["INCORRECT_NUMERICAL"]
 
 
-def test_a_pass_made_by_another_judge_or_with_fewer_calls_runs_again():
-    """Red team: a PASSED recorded by an older flashbench (before a fix that would fail it), or timed with
-    --iters 1, was kept by every later --resume: only the definition's checks were compared."""
-    from flashbench.run.resume import JUDGE_VERSION
+@pytest.mark.parametrize("status", ["PASSED", "INCORRECT_NUMERICAL", "REJECTED"])
+def test_a_record_of_another_judge_version_runs_again(status):
+    """Red team: a PASSED recorded by an older flashbench (before a fix that would fail it) was kept by every later
+    --resume: only the definition's checks were compared. So was a failure an older judge gave an honest solution
+    (a reviewer: the sink solutions' INCORRECT_NUMERICAL before constant inputs were one weight). Only the judge
+    writes the version, so a solution cannot use it to be run again."""
+    latency = 1.0 if status == "PASSED" else None
+    current = make_trace("s", "w", latency, status=status).model_copy(update={"isolation": "namespaces"})
+    assert settled(current, "namespaces") is True
+    for version in (JUDGE_VERSION - 1, None):
+        environment = {**current.environment, "judge": version}
+        assert not settled(current.model_copy(update={"environment": environment}), "namespaces")
 
-    measured = {"seeds": "secret", "judge": JUDGE_VERSION, "warmup": 1, "iters": 50}
+
+def test_a_pass_timed_with_other_call_counts_runs_again():
+    """Red team: a PASSED timed with --iters 1 or --warmup 0 was kept by a later --resume with the defaults."""
+    measured = {"seeds": "secret", "warmup": 1, "iters": 50}
     passed = make_trace("s", "w", latency_ms=1.0, timing={**EVENTS, **measured})
     passed = passed.model_copy(update={"isolation": "namespaces"})
     assert settled(passed, "namespaces", measured)
-    assert not settled(passed, "namespaces", {**measured, "judge": JUDGE_VERSION + 1})
     assert not settled(passed, "namespaces", {**measured, "iters": 500})
-    older = make_trace("s", "w", latency_ms=1.0, timing=EVENTS).model_copy(update={"isolation": "namespaces"})
-    assert not settled(older, "namespaces", measured)  # recorded before the judge's version was
+    assert not settled(passed, "namespaces", {**measured, "warmup": 0})
+
+
+def test_a_pass_made_while_an_input_was_constant_runs_again_once_it_is_not(tmp_path):
+    """`constant: true` decides how an input is drawn (from the definition's name, one weight in every set) and that
+    no call redraws it: a solution keeping exp(attn_sink) passes only while it holds. A PASSED made so was kept by
+    --resume after the definition dropped `constant` (the checks' digest left the flag out)."""
+    import shutil
+
+    name = "flashmla_sparse_decode_fp8_sink_h64_ckv512_kpe64_ps64_topk2048"
+    root = Path(__file__).resolve().parents[1]
+    fresh_repo = tmp_path / "repo"
+    for folder in ("definitions", "references"):
+        shutil.copytree(root / folder / "flashmla_sparse", fresh_repo / folder / "flashmla_sparse")
+    definition_file = fresh_repo / "definitions" / "flashmla_sparse" / f"{name}.yaml"
+
+    def checks() -> str:
+        return Runner(Repo(fresh_repo), name, RunOptions(device="cpu"))._measured_as()["checks"]
+
+    constant = checks()
+    text = definition_file.read_text()
+    assert "dtype: float32, constant: true," in text
+    definition_file.write_text(text.replace("dtype: float32, constant: true,", "dtype: float32,"))
+    assert checks() != constant

@@ -791,13 +791,13 @@ def sparse_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) ->
 
 def test_a_blob_declaring_more_than_the_memory_budget_is_refused_unread(decode, tmp_path, monkeypatch):
     """A sparse file of a few bytes on disk declared a tensor of hundreds of GiB, and the judge read it whole
-    (killed for memory on a real budget). Captured tensors of one workload share half the machine's memory."""
+    (killed for memory on a real budget). Captured tensors of one workload share a sixteenth of the machine's memory."""
     monkeypatch.setattr("flashbench.workloads.captured_memory_budget", lambda: 1 << 20)
     sparse_safetensors(tmp_path / "b.safetensors", {"indptr": ("I32", [4]), "q_pe": ("BF16", [3, 16, 64]),
                                                     "huge": ("BF16", [1 << 20])})
     w = captured_workload("b.safetensors", kv_indptr="indptr", q_pe="huge")
     with pytest.raises(BindingError, match=r"^inputs.q_pe: .*b.safetensors:huge holds 2,097,152 bytes, more than "
-                                           "the 1,048,576 left of half this machine's memory"):
+                                           "the 1,048,576 left of the sixteenth of this machine's memory"):
         generate_inputs(decode, w, seed=0, base_dir=tmp_path)
     # The budget is for all of a workload's captured tensors together: the last one read is refused past it.
     tensors = {"indptr": torch.tensor([0, 2, 2, 7], dtype=torch.int32), "indices": torch.arange(7, dtype=torch.int32),
@@ -864,3 +864,16 @@ def test_captured_inputs_named_as_index_structure_yet_not_it_get_an_error_not_a_
     path = hand_captured(root, name, [], tensors, axes, {"softmax_scale": {"type": "scalar", "value": 0.1}}, edit)
     (checked,) = validate(Repo(root), [path])
     assert checked.errors == ((f"{path}: workloads[0] (hand): {error}",) if error else ())
+
+
+def test_a_blobs_fp4_tensor_is_counted_by_its_bytes(tmp_path):
+    """A header's shape counts FP4 values, two to a byte: counted a byte each, a blob within the budget was refused."""
+    from flashbench.model.workload import SafetensorsInput
+    from flashbench.workloads.tensors import safetensors_tensor
+
+    packed = torch.zeros(4, 8, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)  # 32 bytes, 64 FP4 values
+    save_file({"w": packed}, str(tmp_path / "w.safetensors"))
+    spec = SafetensorsInput(type="safetensors", path="w.safetensors", tensor_key="w")
+    assert safetensors_tensor(spec, tmp_path, "float4_e2m1", "cpu", 32).nbytes == 32
+    with pytest.raises(ValueError, match="holds 32 bytes, more than the 31 left"):
+        safetensors_tensor(spec, tmp_path, "float4_e2m1", "cpu", 31)

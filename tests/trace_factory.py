@@ -4,6 +4,7 @@ from pathlib import Path
 
 from flashbench.model import Calibration, Performance, Trace, Workload
 from flashbench.registry import Repo
+from flashbench.run.resume import JUDGE_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 DECODE = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -25,7 +26,7 @@ def make_trace(solution, workload, latency_ms=None, status="PASSED", timestamp="
     return Trace(definition=definition, workload=workload, workload_name=workload.split("-")[0], solution=solution,
                  solution_hash=solution_hash or f"{solution}-hash", solution_tags=list(tags), author="a",
                  hardware=hardware, status=status, timestamp=timestamp, performance=performance,
-                 environment={"device": device, "hardware": hardware})
+                 environment={"device": device, "hardware": hardware, "judge": JUDGE_VERSION})
 
 
 def named(solution: str, *args, **kwargs) -> Trace:

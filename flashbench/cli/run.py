@@ -232,8 +232,8 @@ json_option = click.option(
 @click.option("--address", default=None, help="With --backend ray: the cluster to join (default: a local Ray instance).")
 @click.option("--resume", is_flag=True,
               help="Skip pairs already recorded for the same solution content and hardware (outcomes of a missing "
-                   "package, GPU or compiler run again, and so do records made less isolated, after another L2 "
-                   "flush or on public seeds).")
+                   "package, GPU or compiler run again, and so do records of another version of the judge, made "
+                   "less isolated, after another L2 flush, on public seeds or with other call counts).")
 @click.option("--no-save", is_flag=True, help="Do not write traces.")
 @click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default: traces/ in the repo.")
 @click.option("--allow-fail", is_flag=True,

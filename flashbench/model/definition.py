@@ -146,13 +146,6 @@ class CostModel(Strict):
 class Definition(Strict):
     name: str = Field(pattern=FOLDER_NAME)  # solutions/<name>/
     op_type: str
-
-    @field_validator("name")
-    @classmethod
-    def _not_the_shared_folder(cls, name: str) -> str:
-        if name == SHARED_FOLDER:  # its solutions would be written into solutions/_shared/ (import-fib)
-            raise ValueError(f"{SHARED_FOLDER!r} is the folder of shared files, no definition's name")
-        return name
     description: str = ""
     tags: list[str] = []
     axes: dict[str, Axis]
@@ -164,6 +157,13 @@ class Definition(Strict):
     cost: CostModel | None = None
     evaluator: Evaluator = Field(AllClose(), description="how outputs are judged: allclose, bitwise, quantized, "
                                                          "sampling, or a mapping with `kind` and its parameters")
+
+    @field_validator("name")
+    @classmethod
+    def _not_the_shared_folder(cls, name: str) -> str:
+        if name.lower() == SHARED_FOLDER:  # its solutions would be written into solutions/_shared/ (import-fib)
+            raise ValueError(f"{SHARED_FOLDER!r} is the folder of shared files, no definition's name")
+        return name
 
     @field_validator("evaluator", mode="before")
     @classmethod

@@ -10,21 +10,22 @@ from .sandbox import ISOLATION_LEVELS
 
 RUN_AGAIN = "MISSING_DEPENDENCY"
 # Raised whenever a change to the judge (how inputs are drawn and redrawn, what is checked, how the sandbox holds a
-# worker) could turn a verdict: every timed result records it (Runner._measured_as), and --resume runs again a record
-# made under another. Without it a PASSED that a since-fixed hole let through, made by an older flashbench, was kept
-# by every later --resume (the checks' digest covers the definition and its reference, not the harness).
+# worker) could turn a verdict: every trace the judge writes records it (`environment["judge"]`), and --resume runs
+# again a record of another, whatever its status. Without it a PASSED that a since-fixed hole let through, or a
+# failure a since-fixed judge gave an honest solution, was kept by every later --resume (the checks' digest covers
+# the definition and its reference, not the harness).
 JUDGE_VERSION = 1
 
 
 def settled(trace: Trace, isolation: str | None = None, timing: dict | None = None) -> bool:
     """Whether a recorded trace counts as done for `--resume` in a run whose workers are isolated at level
     `isolation` and whose timed results record `timing` (those keys of Performance.timing: the L2 flush,
-    whether the seeds were public). A record made with its worker less isolated than the run's is run
-    again: a solution that cheats only where it can see other processes kept such a record, and the run
-    said its workers were isolated more strongly. So is a time measured otherwise: after another flush,
+    whether the seeds were public), by this version of the judge. A record made with its worker less isolated
+    than the run's is run again: a solution that cheats only where it can see other processes kept such a
+    record, and the run said its workers were isolated more strongly. So is a time measured otherwise: after another flush,
     on inputs whose seeds were public (known to the solution before it ran), or judged by other checks (the
     definition's tolerances or reference changed, or another number of checked calls)."""
-    if trace.status == RUN_AGAIN:
+    if trace.status == RUN_AGAIN or trace.environment.get("judge") != JUDGE_VERSION:
         return False
     if isolation is not None and _strength(trace.isolation) < _strength(isolation):
         return False

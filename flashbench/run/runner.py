@@ -152,7 +152,7 @@ class Runner:
             solution=candidate.solution.name, solution_hash=candidate.hash, solution_tags=candidate.solution.tags,
             author=candidate.solution.author, hardware=self.hardware, status=status, message=message,
             log=outcome.log[-2000:] if status != "PASSED" else "", correctness=outcome.errors,
-            performance=performance, environment=environment, isolation=isolation,
+            performance=performance, environment={**environment, "judge": JUDGE_VERSION}, isolation=isolation,
             timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
 
@@ -188,15 +188,14 @@ class Runner:
         return {"seeds": "public" if self.options.seed is not None else "secret",
                 **({"l2_flush": flush_label(self.options.flush)} if self.options.on_gpu else {}),
                 "checks": self._checks_digest, "checked_calls_asked": self.options.checked_calls,
-                "judge": JUDGE_VERSION, "warmup": self.options.warmup, "iters": self.options.iters}
+                "warmup": self.options.warmup, "iters": self.options.iters}
 
     @functools.cached_property
     def _checks_digest(self) -> str:
         """A hash of what decides whether a solution's outputs pass: the definition but for its words (description,
-        tags), cost model and which inputs may stay constant (what validate asks of workloads), and its reference's
-        source."""
-        definition = self.definition.model_dump_json(
-            exclude={"description": True, "tags": True, "cost": True, "inputs": {"__all__": {"constant"}}})
+        tags) and cost model, and its reference's source. Which inputs are constant counts: a constant input is
+        neither redrawn by any call nor drawn from the set's seed (a solution may keep what it derives from it)."""
+        definition = self.definition.model_dump_json(exclude={"description": True, "tags": True, "cost": True})
         reference = reference_source(self.definition, self.repo.root)
         return hashlib.sha256(f"{definition}\0{reference}".encode()).hexdigest()[:16]
 

@@ -95,19 +95,28 @@ def scalar_value(spec: ScalarInput, dtype: str):
     return float(spec.value) if is_float(dtype) else int(spec.value)
 
 
-# Bytes per element of safetensors' dtype codes; any other code is one byte or less (FP8, FP4, 8-bit ints, bool).
-_SAFETENSORS_ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-                         "U16": 2}
+# Bits per element of safetensors' dtype codes (a header's shape counts FP4 and FP6 values, not bytes); any other
+# code is one byte.
+_SAFETENSORS_BITS = {"F64": 64, "I64": 64, "U64": 64, "C64": 64, "F32": 32, "I32": 32, "U32": 32, "F16": 16,
+                     "BF16": 16, "I16": 16, "U16": 16, "F6_E2M3": 6, "F6_E3M2": 6, "F4": 4}
 
 
 def captured_memory_budget() -> int:
-    """The bytes all captured tensors of one workload may hold: half the machine's memory. A header may declare
-    any size, and a sparse file on disk reads back as that many bytes; past this the judge would be killed
-    for memory (it keeps the inputs, their copies and the reference's outputs) rather than refuse."""
+    """The bytes all captured tensors of one workload may hold: a sixteenth of the memory the judge may use (the
+    machine's, or its cgroup's limit where lower). A header may declare any size, and a sparse file on disk reads
+    back as that many bytes; a run keeps about six copies of its inputs (one per input set and the current one in
+    the judge, the worker's, the references' reads), so past this the judge would be killed for memory rather
+    than refuse."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return 8 << 30
+        memory = 16 << 30
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        memory = min(memory, int(limit)) if limit.isdigit() else memory
+    except OSError:
+        pass
+    return memory // 16
 
 
 def safetensors_tensor(spec: SafetensorsInput, base: Path, dtype: str, device: str, budget: int) -> torch.Tensor:
@@ -125,10 +134,10 @@ def safetensors_tensor(spec: SafetensorsInput, base: Path, dtype: str, device: s
                 keys = shortened(", ".join(blob.keys()))  # a header may hold millions of them
                 raise ValueError(f"{path} has no tensor {spec.tensor_key!r} (keys: {keys})")
             header = blob.get_slice(spec.tensor_key)
-            size = math.prod(header.get_shape()) * _SAFETENSORS_ITEMSIZE.get(header.get_dtype(), 1)
+            size = -(-math.prod(header.get_shape()) * _SAFETENSORS_BITS.get(header.get_dtype(), 8) // 8)
             if size > budget:
                 raise ValueError(f"{path}:{spec.tensor_key} holds {size:,} bytes, more than the {max(budget, 0):,} "
-                                 "left of half this machine's memory for captured tensors")
+                                 "left of the sixteenth of this machine's memory that captured tensors may hold")
             tensor = blob.get_tensor(spec.tensor_key)
     except (SafetensorError, OSError, MemoryError) as exc:  # a malformed header, a size past memory, no file
         raise ValueError(f"{path} cannot be read as safetensors: {str(exc)[:200]}") from None

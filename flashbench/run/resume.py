@@ -22,9 +22,10 @@ def settled(trace: Trace, isolation: str | None = None, timing: dict | None = No
     `isolation` and whose timed results record `timing` (those keys of Performance.timing: the L2 flush,
     whether the seeds were public), by this version of the judge. A record made with its worker less isolated
     than the run's is run again: a solution that cheats only where it can see other processes kept such a
-    record, and the run said its workers were isolated more strongly. So is a time measured otherwise: after another flush,
-    on inputs whose seeds were public (known to the solution before it ran), or judged by other checks (the
-    definition's tolerances or reference changed, or another number of checked calls)."""
+    record, and the run said its workers were isolated more strongly. So is a time measured otherwise: after
+    another flush, on inputs whose seeds were public (known to the solution before it ran), with other call
+    counts, or judged by other checks (the definition's tolerances or reference changed, or another number of
+    checked calls)."""
     if trace.status == RUN_AGAIN or trace.environment.get("judge") != JUDGE_VERSION:
         return False
     if isolation is not None and _strength(trace.isolation) < _strength(isolation):

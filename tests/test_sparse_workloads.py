@@ -20,7 +20,7 @@ from flashbench.run.protocol import Call
 from flashbench.run.recipe import InputSets, mixed_link
 from flashbench.workloads import (
     REDRAW_WINDOW_BYTES, GeneratedData, check_workload, derive_seed, draw_data_windows, generate_inputs, generated_data,
-    generators, random_inputs, unredrawn_data_inputs,
+    generators, index_inputs, random_inputs, unredrawn_data_inputs,
 )
 from flashbench.workloads.generators import (
     DATA_OUTPUTS, GENERATORS, fresh_mla_fp8_tokens, fresh_mla_tokens, random_subsets,
@@ -403,11 +403,27 @@ def test_unredrawn_data_inputs_names_fixed_data(monkeypatch):
     sets = InputSets(definition, workload, [made_tensors(definition, workload, 1)[1]], [])
     assert sets.redrawn_names == []
     monkeypatch.undo()
-    # ...and so is a captured floating-point tensor (an integer one is index structure).
+    # ...and so is a captured floating-point tensor (an integer one may be index structure: below).
     captured = Workload.model_validate({"uuid": "5eed0000-captured", "inputs": {
         "kv_cache": {"type": "safetensors", "path": "x.safetensors", "tensor_key": "kv"}}})
     assert unredrawn_data_inputs(definition, captured) == ["kv_cache"]
     assert derive_seed(1, "a") != derive_seed(2, "a")
+
+
+def test_captured_integer_data_is_data_and_index_structure_is_not():
+    """A captured FP8 cache (int8 bytes) counted as index structure because it is integer, so `validate` passed a
+    workload whose cache no call redraws and a solution could memoize its outputs (a hunt for hidden workloads).
+    Index structure is what a constraint or a generator's rule reads."""
+    dequantize = Repo(ROOT).definition(DEQUANTIZE)
+    cache = Workload.model_validate({"uuid": "5eed0000-captured-bytes", "inputs": {
+        "kv_cache_fp8": {"type": "safetensors", "path": "x.safetensors", "tensor_key": "cache"}}})
+    assert index_inputs(dequantize) == set() and unredrawn_data_inputs(dequantize, cache) == ["kv_cache_fp8"]
+    decode = Repo(ROOT).definition(DECODE_FP8)
+    assert index_inputs(decode) == {"indices"}
+    captured = {name: {"type": "safetensors", "path": "x.safetensors", "tensor_key": name}
+                for name in ("indices", "k_cache")}
+    both = Workload.model_validate({"uuid": "5eed0000-c2", "inputs": captured})
+    assert unredrawn_data_inputs(decode, both) == ["k_cache"]
 
 
 def test_a_packed_cache_left_to_the_default_draw_names_the_generator_that_makes_it():

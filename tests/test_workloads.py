@@ -19,7 +19,7 @@ from flashbench.errors import FlashbenchError
 from flashbench.model import Lengths, PagedKV
 from flashbench.model.workload import RandomInput
 from flashbench.run.plan import refuse_invalid_workloads
-from flashbench.workloads import GENERATORS, sample_lengths, structured_inputs
+from flashbench.workloads import GENERATORS, index_inputs, sample_lengths, structured_inputs
 from flashbench.workloads.tensors import random_tensor
 
 REPO = Path(__file__).resolve().parents[1]
@@ -639,12 +639,18 @@ def named(root: Path, name: str, workload: str) -> Workload:
 @pytest.mark.parametrize("name", Repo(REPO).names())
 def test_the_structure_a_generator_makes_is_valid_captured(root, name):
     """Every smoke workload and the sweep's empty batch (requests with no query or no key, trailing, scattered and
-    mixed invalid sparse entries, queries with none valid, topk_length), captured as made, validates."""
+    mixed invalid sparse entries, queries with none valid, topk_length), captured as made, validates: its index
+    structure holds. A packed FP8 cache captured with it is data that no call redraws, and only that is refused."""
     empty = [fuzz.EMPTY[FUZZ_EMPTY[name]]] if name in FUZZ_EMPTY else []
     workloads = [w for w in Repo(root).workload_set(name).workloads if "smoke" in w.tags]
     workloads += [Workload.model_validate({"uuid": "fuzz-empty-0001", "name": "fuzz_empty", **w}) for w in empty]
     path = captured_set(root, name, workloads)
-    assert validate(Repo(root), [path])[0].errors == ()
+    definition = Repo(root).definition(name)
+    integers = {n for n, spec in definition.inputs.items() if spec.dtype.startswith("int")}
+    packed = sorted(integers - index_inputs(definition))
+    refusal = f"inputs {', '.join(packed)} carry data that no call redraws"
+    errors = validate(Repo(root), [path])[0].errors
+    assert all(error.endswith(refusal) for error in errors) and len(errors) == (len(workloads) if packed else 0)
 
 
 def put(name: str, at, value):

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..binding import BindingError, bind_axes
-from ..dtypes import is_float
+from ..dtypes import is_float, torch_dtype
 from ..model import Definition, Workload
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 from .generators import DATA_OUTPUTS, GENERATORS, INDEX_RULES, GeneratedData, IndexRule, sample_lengths
@@ -30,7 +30,8 @@ from .tensors import (DEFAULT_RANDOM, captured_memory_budget, random_tensor, ref
 __all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "whole_redrawn",
            "refill_whole", "draw_windows", "window_copies", "window_elements", "window_spans", "window_starts",
            "generated_data", "redrawn_data", "draw_data_windows", "data_window_copies", "data_window_spans",
-           "unredrawn_data_inputs", "sample_lengths", "structured_inputs", "check_workload", "workload_problem"]
+           "unredrawn_data_inputs", "index_inputs", "sample_lengths", "structured_inputs", "check_workload",
+           "workload_problem"]
 
 
 def derive_seed(*parts: object) -> int:
@@ -108,14 +109,27 @@ def _reads_captured(rule: IndexRule, definition: Definition, workload: Workload,
     """Whether `rule` holds of these inputs: the definition's are integer tensors of the rule's ranks (other inputs
     under those names are no structure its generator makes), one at least captured, and all have data here (a
     random one is shapes only on "meta": the run checks it once drawn)."""
-    specs = [definition.inputs.get(name) for name in rule.inputs]
-    if not set(rule.axes) <= set(axes) or any(spec is None or spec.shape is None for spec in specs):
-        return False
-    ranks = rule.inputs.values()
-    if any(not spec.dtype.startswith("int") or len(spec.shape) != rank for spec, rank in zip(specs, ranks)):
+    if not set(rule.axes) <= set(axes) or not _rule_fits(rule, definition):
         return False
     return (any(isinstance(workload.inputs.get(name), SafetensorsInput) for name in rule.inputs)
             and not any(inputs[name].is_meta for name in rule.inputs))
+
+
+def _rule_fits(rule: IndexRule, definition: Definition) -> bool:
+    """Whether the definition has the rule's inputs as integer tensors of its ranks."""
+    specs = [definition.inputs.get(name) for name in rule.inputs]
+    return all(spec is not None and spec.shape is not None and spec.dtype.startswith("int") and len(spec.shape) == rank
+               for spec, rank in zip(specs, rule.inputs.values()))
+
+
+def index_inputs(definition: Definition) -> set[str]:
+    """The integer inputs that are index structure: any wider than a byte (offsets, ids, lengths, tables), and
+    bytes that a constraint or a generator's rule (INDEX_RULES) reads. Other bytes carry data: a packed FP8
+    cache, which a solution could memoize its outputs on if it never changed."""
+    read = {name for expression in definition.constraint_expressions for name in expression.names}
+    read |= {name for rule in INDEX_RULES if _rule_fits(rule, definition) for name in rule.inputs}
+    return {name for name, spec in definition.inputs.items() if spec.dtype.startswith("int")
+            and (torch_dtype(spec.dtype).itemsize > 1 or name in read)}
 
 
 def check_workload(definition: Definition, workload: Workload, base_dir: Path) -> None:
@@ -294,13 +308,14 @@ def redrawn_data(definition: Definition, workload: Workload, like: dict[str, Any
 
 def unredrawn_data_inputs(definition: Definition, workload: Workload) -> list[str]:
     """Inputs that carry data yet no call redraws: generated data that cannot be redrawn, and captured
-    (safetensors) floating-point tensors. They are the same on every call of a run (captured ones, of
-    every run): a solution could memoize what it derives from them. Integer captured tensors count as
-    index structure; inputs the definition declares constant (model weights) may stay the same."""
+    (safetensors) tensors but index structure (index_inputs). They are the same on every call of a run
+    (captured ones, of every run): a solution could memoize what it derives from them. Inputs the definition
+    declares constant (model weights) may stay the same."""
     fixed = {name for name, data in generated_data(workload).items() if data.fresh is None}
+    structure = index_inputs(definition)
     return [
         name for name, spec in definition.inputs.items() if not spec.constant and (
-            name in fixed or (isinstance(workload.inputs.get(name), SafetensorsInput) and is_float(spec.dtype)))
+            name in fixed or (isinstance(workload.inputs.get(name), SafetensorsInput) and name not in structure))
     ]
 
 

@@ -883,3 +883,21 @@ def test_a_blobs_fp4_tensor_is_counted_by_its_bytes(tmp_path):
     assert safetensors_tensor(spec, tmp_path, "float4_e2m1", "cpu", 32).nbytes == 32
     with pytest.raises(ValueError, match="holds 32 bytes, more than the 31 left"):
         safetensors_tensor(spec, tmp_path, "float4_e2m1", "cpu", 31)
+
+
+@pytest.mark.parametrize("descriptor, message", [
+    ({"std": 1e38}, r"draws reach 8e\+38, past the largest bfloat16"),
+    ({"distribution": "uniform", "low": 5, "high": -5}, r"needs low < high, not \[5, -5\)"),
+    ({"distribution": "uniform", "low": 3}, r"needs low < high, not \[3, 1\) \(high defaults to 1\)"),
+    ({"low": -1, "high": 1}, "low, high do\\(es\\) not apply to a normal distribution"),
+    ({"distribution": "uniform", "std": 2}, "std do\\(es\\) not apply to a uniform distribution"),
+])
+def test_a_random_float_input_draws_what_its_fields_say(decode, descriptor, message):
+    """A hunt for hidden workloads: a std of 1e38 drew inf in bfloat16 (the reference failed against itself), an
+    inverted or one-sided uniform range drew from other bounds than written, and fields of the other distribution
+    were ignored; `validate` passed them all."""
+    workload = Workload.model_validate({"uuid": "dddddddd-0002", "axes": {"batch_size": 2, "num_pages": 8,
+                                                                          "num_kv_indices": 4, "len_indptr": 3},
+                                       "inputs": {"q_nope": {"type": "random", **descriptor}}})
+    with pytest.raises(BindingError, match=rf"^inputs.q_nope: .*{message}"):
+        generate_inputs(decode, workload, seed=0, device="meta")

@@ -886,7 +886,7 @@ def test_a_blobs_fp4_tensor_is_counted_by_its_bytes(tmp_path):
 
 
 @pytest.mark.parametrize("descriptor, message", [
-    ({"std": 1e38}, r"draws reach 8e\+38, past the largest bfloat16"),
+    ({"std": 1e38}, r"draws reach 1.6e\+39, past the largest bfloat16"),  # scaled by up to 2
     ({"distribution": "uniform", "low": 5, "high": -5}, r"needs low < high, not \[5, -5\)"),
     ({"distribution": "uniform", "low": 3}, r"needs low < high, not \[3, 1\) \(high defaults to 1\)"),
     ({"low": -1, "high": 1}, "low, high do\\(es\\) not apply to a normal distribution"),
@@ -901,3 +901,45 @@ def test_a_random_float_input_draws_what_its_fields_say(decode, descriptor, mess
                                        "inputs": {"q_nope": {"type": "random", **descriptor}}})
     with pytest.raises(BindingError, match=rf"^inputs.q_nope: .*{message}"):
         generate_inputs(decode, workload, seed=0, device="meta")
+
+
+@pytest.mark.parametrize("descriptor, dtype, message", [
+    # drawn in float32, a range wider than float32's largest drew inf everywhere
+    ({"distribution": "uniform", "low": -2e38, "high": 2e38}, "bfloat16", r"the range \[-2e\+38, 2e\+38\) is wider"),
+    # a whole redraw (refill_random) draws in the dtype itself: torch's uniform_ refused a width past the dtype
+    ({"distribution": "uniform", "low": -1.7e38, "high": 1.7e38}, "bfloat16", "is wider than the largest bfloat16"),
+    # a call without queries scales an input drawn about 0 by up to 2: past the dtype there
+    ({"std": 4.2e37}, "bfloat16", r"draws reach 6.72e\+38, past the largest bfloat16"),
+    ({"distribution": "uniform", "low": 5, "high": -5}, "bfloat16", r"not \[5, -5\)$"),
+    ({"std": 2.0}, "float4_e2m1", "torch draws no random float4_e2m1 values"),
+])
+def test_a_random_float_input_draws_within_its_dtype_on_every_path(decode, descriptor, dtype, message):
+    """Found by a review: these passed `validate` and drew inf (the float32 draw, or the scaled redraw of a call
+    without queries), failed the whole redraw of a query (bfloat16 uniform_), or failed with torch's own words
+    (FP4, whose finfo raises NotImplementedError, not TypeError)."""
+    definition = decode.model_copy(deep=True)
+    definition.inputs["q_nope"] = definition.inputs["q_nope"].model_copy(update={"dtype": dtype})
+    workload = Workload.model_validate({"uuid": "dddddddd-0003", "axes": {"batch_size": 2, "num_pages": 8,
+                                                                          "num_kv_indices": 4, "len_indptr": 3},
+                                       "inputs": {"q_nope": {"type": "random", **descriptor}}})
+    with pytest.raises(BindingError, match=rf"^inputs.q_nope: .*{message}"):
+        generate_inputs(definition, workload, seed=0, device="meta")
+
+
+def test_an_fp8_query_is_redrawn_whole():
+    """torch's normal_ and uniform_ draw no FP8: a whole redraw of an FP8 query failed (NotImplementedError)."""
+    from flashbench.workloads.tensors import DEFAULT_RANDOM, refill_random
+    tensor = torch.zeros(64, 8, dtype=torch.float8_e4m3fn)
+    refill_random(tensor, DEFAULT_RANDOM, 3, torch.Generator())
+    assert torch.equal(tensor.view(torch.int8), random_tensor(DEFAULT_RANDOM, [64, 8], "float8_e4m3fn", 3, "cpu")
+                       .view(torch.int8)) and tensor.float().abs().sum() > 0
+
+
+def test_a_captured_bool_mask_a_constraint_reads_is_structure(decode):
+    """Before index_inputs a captured bool tensor was never refused; it was then refused as data even where a
+    constraint reads it, unlike an int8 input so read."""
+    definition = decode.model_copy(deep=True)
+    definition.inputs["valid"] = definition.inputs["kv_indptr"].model_copy(update={"dtype": "bool"})
+    definition.inputs["mask"] = definition.inputs["kv_indptr"].model_copy(update={"dtype": "bool"})
+    definition.constraints = [*definition.constraints, "valid.shape[0] == len_indptr"]
+    assert {"valid"} <= index_inputs(definition) and "mask" not in index_inputs(definition)

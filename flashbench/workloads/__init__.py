@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..binding import BindingError, bind_axes
-from ..dtypes import is_float, torch_dtype
+from ..dtypes import torch_dtype
 from ..model import Definition, Workload
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 from .generators import DATA_OUTPUTS, GENERATORS, INDEX_RULES, GeneratedData, IndexRule, sample_lengths
@@ -124,11 +124,11 @@ def _rule_fits(rule: IndexRule, definition: Definition) -> bool:
 
 def index_inputs(definition: Definition) -> set[str]:
     """The integer inputs that are index structure: any wider than a byte (offsets, ids, lengths, tables), and
-    bytes that a constraint or a generator's rule (INDEX_RULES) reads. Other bytes carry data: a packed FP8
-    cache, which a solution could memoize its outputs on if it never changed."""
+    bytes (bool masks too) that a constraint or a generator's rule (INDEX_RULES) reads. Other bytes carry data: a
+    packed FP8 cache, which a solution could memoize its outputs on if it never changed."""
     read = {name for expression in definition.constraint_expressions for name in expression.names}
     read |= {name for rule in INDEX_RULES if _rule_fits(rule, definition) for name in rule.inputs}
-    return {name for name, spec in definition.inputs.items() if spec.dtype.startswith("int")
+    return {name for name, spec in definition.inputs.items() if (spec.dtype.startswith("int") or spec.dtype == "bool")
             and (torch_dtype(spec.dtype).itemsize > 1 or name in read)}
 
 

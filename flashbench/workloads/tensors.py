@@ -71,17 +71,22 @@ def check_float_range(spec: RandomInput, dtype: str) -> None:
     ignored = [name for name in (("low", "high") if spec.distribution == "normal" else ("mean", "std")) if given[name]]
     if ignored:
         raise ValueError(f"{', '.join(ignored)} do(es) not apply to a {spec.distribution} distribution")
+    if dtype == "float4_e2m1":  # torch has no range for packed FP4 (finfo raises) and converts nothing to it
+        raise ValueError("torch draws no random float4_e2m1 values (packed FP4): capture the input")
+    # Drawn in float32 (random_tensor) or in the dtype itself (refill_random, whose uniform_ refuses a width past it).
+    largest = min(torch.finfo(torch_dtype(dtype)).max, torch.finfo(torch.float32).max)
     if spec.distribution == "uniform":
         low, high = uniform_range(spec)
         if not low < high:
-            raise ValueError(f"a uniform input needs low < high, not [{low:g}, {high:g}) (high defaults to 1)")
+            defaults = "".join(f" ({name} defaults to {value})" for name, value, given in
+                               (("low", 0, spec.low), ("high", 1, spec.high)) if given is None)
+            raise ValueError(f"a uniform input needs low < high, not [{low:g}, {high:g}){defaults}")
+        if high - low > largest:
+            raise ValueError(f"the range [{low:g}, {high:g}) is wider than the largest {dtype}, {largest:g}")
         reach = max(abs(low), abs(high))
     else:
-        reach = abs(spec.mean) + NORMAL_REACH * spec.std
-    try:
-        largest = torch.finfo(torch_dtype(dtype)).max
-    except TypeError:  # packed FP4: torch gives no range, and draws none
-        return
+        # A call that redraws no query scales an input drawn about 0 by a factor below 2 (recipe, SCALED_DTYPES).
+        reach = abs(spec.mean) + NORMAL_REACH * spec.std * (2 if scalable(spec) else 1)
     if reach > largest:
         raise ValueError(f"draws reach {reach:g}, past the largest {dtype}, {largest:g}")
 
@@ -108,9 +113,9 @@ def scalable(spec: RandomInput) -> bool:
 
 def refill_random(tensor: torch.Tensor, spec: RandomInput, seed: int, generator: torch.Generator) -> None:
     """Every element of `tensor` drawn afresh in place from `spec`, seeded by `seed` (`generator`, on the
-    tensor's device, is reseeded): floating-point data in one pass in its own dtype; other dtypes through
-    random_tensor."""
-    if not tensor.is_floating_point():
+    tensor's device, is reseeded): 16- to 64-bit floating-point data in one pass in its own dtype; other dtypes
+    (FP8 included, which torch's normal_ and uniform_ refuse) through random_tensor."""
+    if tensor.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):  # FP8: torch draws none
         tensor.copy_(random_tensor(spec, list(tensor.shape), dtype_name(tensor.dtype), seed, str(tensor.device)))
         return
     generator.manual_seed(seed)

@@ -95,7 +95,7 @@ def parse_document(text: str, path: Path, untrusted: bool = False) -> object:
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         # Raised while a scalar is built (a date such as 2001-13-45, an integer past Python's digit
         # limit), not as a YAMLError: one such manifest stopped every run of its definition.
-        raise FlashbenchError(f"invalid YAML value: {str(exc)[:200]}", path) from None
+        raise FlashbenchError(f"invalid YAML value: {shortened(str(exc))}", path) from None
 
 
 def _check_untrusted_yaml(text: str, path: Path) -> None:

@@ -21,6 +21,7 @@ import torch
 
 from ..binding import BindingError, bind_axes
 from ..dtypes import torch_dtype
+from ..errors import shortened
 from ..model import Definition, Workload
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 from .generators import DATA_OUTPUTS, GENERATORS, INDEX_RULES, GeneratedData, IndexRule, sample_lengths
@@ -144,9 +145,9 @@ def check_workload(definition: Definition, workload: Workload, base_dir: Path) -
     try:
         generate_inputs(definition, workload, seed=0, device="meta", base_dir=base_dir)
     except MemoryError as exc:  # index structure past this machine's memory (a page pool of 10^12)
-        raise BindingError(f"its index structure does not fit in memory here: {str(exc)[:200]}") from None
+        raise BindingError(f"its index structure does not fit in memory here: {shortened(str(exc))}") from None
     except RuntimeError as exc:  # torch's own refusal of the shapes (a size past int64 in all): the workload's
-        raise BindingError(f"its inputs cannot be made: {str(exc).splitlines()[0][:200]}") from None
+        raise BindingError(f"its inputs cannot be made: {shortened(str(exc).splitlines()[0])}") from None
 
 
 def workload_problem(definition: Definition, workload: Workload, base_dir: Path) -> str | None:

@@ -78,8 +78,8 @@ def check_float_range(spec: RandomInput, dtype: str) -> None:
     if spec.distribution == "uniform":
         low, high = uniform_range(spec)
         if not low < high:
-            defaults = "".join(f" ({name} defaults to {value})" for name, value, given in
-                               (("low", 0, spec.low), ("high", 1, spec.high)) if given is None)
+            defaults = "".join(f" ({name} defaults to {value})" for name, value, bound in
+                               (("low", 0, spec.low), ("high", 1, spec.high)) if bound is None)
             raise ValueError(f"a uniform input needs low < high, not [{low:g}, {high:g}){defaults}")
         if high - low > largest:
             raise ValueError(f"the range [{low:g}, {high:g}) is wider than the largest {dtype}, {largest:g}")
@@ -176,7 +176,7 @@ def safetensors_tensor(spec: SafetensorsInput, base: Path, dtype: str, device: s
                                  "left of the sixteenth of this machine's memory that captured tensors may hold")
             tensor = blob.get_tensor(spec.tensor_key)
     except (SafetensorError, OSError, MemoryError) as exc:  # a malformed header, a size past memory, no file
-        raise ValueError(f"{path} cannot be read as safetensors: {str(exc)[:200]}") from None
+        raise ValueError(f"{path} cannot be read as safetensors: {shortened(str(exc))}") from None
     if tensor.dtype != torch_dtype(dtype):
         raise ValueError(f"{path}:{spec.tensor_key} is {dtype_name(tensor.dtype)}, the definition says {dtype}")
     return tensor.to(device)

@@ -31,6 +31,20 @@ def describe_environment(device: str, root: Path) -> dict:
     return env
 
 
+def usable_memory(cgroup_limit: Path = Path("/sys/fs/cgroup/memory.max")) -> int | None:
+    """The bytes of memory this process may use: the machine's, or its cgroup's limit where lower; None where
+    the machine does not say. (The worker's sandbox reads the machine's alone: it may import nothing of ours.)"""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    try:
+        limit = cgroup_limit.read_text().strip()
+    except OSError:
+        return memory
+    return min(memory, int(limit)) if limit.isdigit() else memory
+
+
 def git_provenance(root: Path) -> dict:
     """git_commit and git_dirty of root's own checkout. A folder that is not a checkout itself gets no commit from
     git: inside another repository, git would name that repository's commit, which says nothing about this tree."""

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from flashbench.environment import describe_environment
+from flashbench.environment import describe_environment, usable_memory
 
 GIT = ["git", "-c", "user.name=tests", "-c", "user.email=tests@example.com"]
 
@@ -44,3 +44,15 @@ def test_a_folder_inside_another_repository_gives_no_commit(tmp_path, monkeypatc
     monkeypatch.setenv("FLASHBENCH_GIT_COMMIT", "abc1234")
     assert describe_environment("cpu", tmp_path / "project")["git_commit"] == "abc1234"
     assert describe_environment("cpu", tmp_path)["git_commit"] == git(tmp_path, "rev-parse", "HEAD")
+
+
+def test_usable_memory_is_the_cgroup_limit_where_lower(tmp_path):
+    machine = usable_memory(tmp_path / "absent")
+    assert machine and machine > 1 << 20
+    limit = tmp_path / "memory.max"
+    limit.write_text("1048576\n")
+    assert usable_memory(limit) == 1 << 20
+    limit.write_text("max\n")  # no limit
+    assert usable_memory(limit) == machine
+    limit.write_text(f"{machine * 2}\n")
+    assert usable_memory(limit) == machine

@@ -1,19 +1,17 @@
 """How a run checks and times: every default in one place."""
 
-import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..environment import usable_memory
 from .recipe import DEFAULT_FLUSH, FLUSH_METHODS
 
 
 def default_memory_limit() -> int | None:
-    """Three quarters of the machine's memory for a CPU worker's address space."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4)
-    except (ValueError, OSError, AttributeError):
-        return None
+    """Three quarters of the memory the runner may use, for a CPU worker's address space."""
+    memory = usable_memory()
+    return memory * 3 // 4 if memory else None
 
 
 class RunOptions(BaseModel):

@@ -1,13 +1,13 @@
 """Making single inputs from their descriptors: random, scalar, safetensors."""
 
 import math
-import os
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from ..dtypes import dtype_name, is_float, torch_dtype
+from ..environment import usable_memory
 from ..errors import shortened
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 
@@ -143,16 +143,7 @@ def captured_memory_budget() -> int:
     back as that many bytes; a run keeps about six copies of its inputs (one per input set and the current one in
     the judge, the worker's, the references' reads), so past this the judge would be killed for memory rather
     than refuse."""
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        memory = 16 << 30
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        memory = min(memory, int(limit)) if limit.isdigit() else memory
-    except OSError:
-        pass
-    return memory // 16
+    return (usable_memory() or 16 << 30) // 16
 
 
 def safetensors_tensor(spec: SafetensorsInput, base: Path, dtype: str, device: str, budget: int) -> torch.Tensor:

@@ -25,7 +25,6 @@ constexpr int64_t kHeadsPerCta = 16;
 constexpr int64_t kDimK = 576;
 constexpr int64_t kDimV = 512;
 constexpr int64_t kPageSize = 64;
-constexpr int64_t kMaxGridY = 65535;
 
 int sm_count(int device) {
   static std::mutex mutex;
@@ -83,7 +82,7 @@ void run(torch::Tensor q, torch::Tensor k_cache, torch::Tensor block_table, torc
   const int64_t rows = batch * s_q * (h_q / kHeadsPerCta);
   const int64_t max_blocks = block_table.size(1);
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-  TORCH_CHECK(rows <= kMaxGridY, "batch * s_q * h_q / 16 must be at most ", kMaxGridY, ", got ", rows);
+  TORCH_CHECK(rows <= kIntMax, "batch * s_q * h_q / 16 must fit an int, got ", rows);
   TORCH_CHECK(max_blocks <= kIntMax / kPageSize, "block_table too wide");
   check_aligned(q, "q");
   check_aligned(k_cache, "k_cache");

@@ -3,7 +3,8 @@
 //
 // Work partition. Row r = (request b, query token i, group g of 16 heads), r = (b * s_q + i) *
 // (h_q / 16) + g, so the rows of one request are adjacent in the grid and read the same keys from
-// L2 at about the same time. One CTA per (KV split, row): grid (num_splits, rows). num_splits is
+// L2 at about the same time. One CTA per (KV split, row): grid (num_splits, rows), in launches of at
+// most 65535 rows (the limit of grid y) when there are more. num_splits is
 // chosen on the host from shapes only (no device read, no sync); the chunk of a split follows on
 // device from the request's length, chunk = max(kMinChunk, ceil(L / num_splits) rounded up to a
 // tile), so every request is cut into equal pieces whatever its length. A CTA covers keys
@@ -38,6 +39,7 @@
 
 namespace flashmla_decode {
 
+constexpr int kMaxGridY = 65535;                             // rows per launch (grid y limit)
 constexpr int kHeads = 16;                                   // heads per CTA (mma rows)
 constexpr int kDimV = 512;
 constexpr int kDimK = 576;                                   // key columns: 512 latent + 64 rope
@@ -96,6 +98,7 @@ struct DecodeParams {
   int h_q;
   int max_blocks;
   int num_splits;
+  int row_base;                  // first row of this launch (grid y holds at most 65535 rows)
   float scale_log2;              // softmax_scale * log2(e)
 };
 
@@ -220,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 2) flashmla_decode_kernel(const Deco
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int split = blockIdx.x;
-  const int row = blockIdx.y;
+  const int row = p.row_base + static_cast<int>(blockIdx.y);
   const int groups = p.h_q / kHeads;
   const int bi = row / groups;  // b * s_q + i
   const int b = bi / p.s_q;
@@ -521,9 +524,14 @@ cudaError_t launch(const void* q, const void* k_cache, const int* block_table, c
   dp.max_blocks = max_blocks;
   dp.num_splits = num_splits;
   dp.scale_log2 = softmax_scale * kLog2e;
-  flashmla_decode_kernel<<<dim3(num_splits, rows), kThreads, smem, stream>>>(dp);
-  err = cudaGetLastError();
-  if (err != cudaSuccess || num_splits == 1) return err;
+  for (int base = 0; base < rows; base += kMaxGridY) {
+    dp.row_base = base;
+    const int n = rows - base < kMaxGridY ? rows - base : kMaxGridY;
+    flashmla_decode_kernel<<<dim3(num_splits, n), kThreads, smem, stream>>>(dp);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  if (num_splits == 1) return cudaSuccess;
 
   MergeParams mp;
   mp.part_o = part_o;

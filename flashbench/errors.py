@@ -20,5 +20,6 @@ class FlashbenchError(Exception):
 
 
 def shortened(text: str, limit: int = 200) -> str:
-    """`text` cut to `limit` characters for a message (what it quotes may come from anyone, at any length)."""
-    return text if len(text) <= limit else text[:limit] + "..."
+    """`text` cut to at most `limit` characters for a message, "..." included where it was cut (what it quotes may
+    come from anyone, at any length; a message field may hold no more than its limit)."""
+    return text if len(text) <= limit else text[:max(limit - 3, 0)] + "..."

@@ -15,6 +15,7 @@ import torch
 
 from ..build import CACHE_DIR_NAME, folder_problem, missing_dependencies, missing_toolchain
 from ..environment import describe_environment
+from ..errors import shortened
 from ..model import REFERENCE, Definition, Workload
 from ..reference import load_reference
 from ..workloads import generate_inputs
@@ -152,8 +153,9 @@ class JobJudge:
             # another phase is a claim the worker has no business making (a DEVICE_ERROR is no trace status).
             failed_build = "COMPILE_ERROR" if candidate.solution.language == "cuda" else "INVALID_SOLUTION"
             if built.status not in (failed_build, "RUNTIME_ERROR"):
-                return JobOutcome(status="REJECTED", message=f"its build reported {built.status}, which no build "
-                                  f"gives: {built.message}"[:2000], log=worker.log_tail(), worker_usable=False)
+                claim = f"its build reported {built.status}, which no build gives: {built.message}"
+                return JobOutcome(status="REJECTED", message=shortened(claim, 2000), log=worker.log_tail(),
+                                  worker_usable=False)
             return JobOutcome(status=built.status, message=built.message, log=worker.log_tail(), worker_usable=False)
         if worker.leftovers():
             return JobOutcome(status="REJECTED", message="left processes running after its import; they were killed",

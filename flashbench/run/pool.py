@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import FlashbenchError
+from ..errors import FlashbenchError, shortened
 from .jobs import DeviceUnusable, JobJudge
 from .recipe import CPU_THREADS
 from .session import JobOutcome
@@ -131,9 +131,9 @@ class Lane:
             raise
         except Exception as exc:  # noqa: BLE001 - trusted code on a workload that cannot be made
             self.close()
-            return JobOutcome(status="RUNTIME_ERROR", worker_usable=False, message=(
+            return JobOutcome(status="RUNTIME_ERROR", worker_usable=False, message=shortened(
                 "the workload's inputs or reference outputs could not be made (the workload's fault, not the "
-                f"solution's): {type(exc).__name__}: {exc}")[:500])
+                f"solution's): {type(exc).__name__}: {exc}", 500))
         return None
 
     def settle_references(self, workload) -> None:

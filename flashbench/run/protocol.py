@@ -24,6 +24,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from ..errors import shortened
 from ..model import Definition, Solution, Workload
 
 VERSION = 1
@@ -371,5 +372,5 @@ def parse_request(payload: bytes):
 def _first_error(exc: ValidationError) -> str:
     error = exc.errors()[0]
     where = ".".join(str(part) for part in error["loc"]) or "message"
-    return f"{where}: {error['msg']}"[:200]
+    return shortened(f"{where}: {error['msg']}")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ...build import BuildError, load_entry_point
+from ...errors import shortened
 from ...dtypes import torch_dtype
 from ...workloads import random_inputs
 from ..arena import export_cuda, open_memfd_arena, views
@@ -59,12 +60,12 @@ class Worker:
                 release_cached_memory(self.device)  # the arena: the judge counts what an idle worker holds
                 return Ready()
         except OutputProblem as exc:
-            return Failed(status=exc.status, message=str(exc)[:2000])
+            return Failed(status=exc.status, message=shortened(str(exc), 2000))
         except SystemExit as exc:  # sys.exit() in solution code: an error, not the end of the worker
             return Failed(status="RUNTIME_ERROR", message=f"the solution called sys.exit({exc.code!r})")
         except Exception as exc:
             print(traceback.format_exc(), flush=True)
-            return Failed(status="RUNTIME_ERROR", message=f"{type(exc).__name__}: {exc}"[:2000])
+            return Failed(status="RUNTIME_ERROR", message=shortened(f"{type(exc).__name__}: {exc}", 2000))
         return Failed(status="RUNTIME_ERROR", message=f"unexpected request {type(request).__name__}")
 
     def probe(self):
@@ -83,7 +84,7 @@ class Worker:
         except BuildError as exc:
             print(traceback.format_exc(), flush=True)
             status = "COMPILE_ERROR" if solution.language == "cuda" else "INVALID_SOLUTION"
-            return Failed(status=status, message=str(exc)[:2000])
+            return Failed(status=status, message=shortened(str(exc), 2000))
         return Ready()
 
 

@@ -281,6 +281,13 @@ class WorkerAccount:
         """subprocess.Popen's arguments that start a process as `uid`, in its own group and no other."""
         return {} if self.uid is None else {"user": self.uid, "group": self.uid, "extra_groups": []}
 
+    def become(self) -> None:
+        """In a started process before exec: take on `uid` as popen_options would have Popen do it."""
+        if self.uid is not None:
+            os.setgroups([])
+            os.setregid(self.uid, self.uid)
+            os.setreuid(self.uid, self.uid)
+
     def describe(self) -> str:
         if self.uid is not None:
             return f"as uid {self.uid}"
@@ -945,23 +952,17 @@ def command_line(pid: int, limit: int = 80) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
-def put_first_for_the_oom_killer(pid: int) -> None:
-    """Make the sandbox started as `pid` the kernel's first choice when the host runs out of memory: a
-    GPU worker's host memory has no limit, and a CPU worker's address-space limit leaves out memfds it
-    never maps, so without this the largest process, often the runner holding every job's references,
-    was the one killed, and the whole run with it. The highest score goes on `pid`, then on every
-    process below it (those started later inherit it). Written by a runner holding CAP_SYS_RESOURCE, it
-    is also the least the sandbox may set again (the kernel keeps it as the floor for a writer without
-    that capability); any other runner only raises it. Called before the worker reads its setup, so
-    before any solution code runs."""
-    _raise_oom_score(pid)  # first: a child it starts from here on inherits the score, one before is found below
-    for child in sorted(_descendants(pid, {p: parent for p, (_, parent) in _live_processes().items()})):
-        _raise_oom_score(child)
-
-
-def _raise_oom_score(pid: int) -> None:
-    with contextlib.suppress(OSError):  # gone already, or no such file on this kernel
-        with open(f"/proc/{pid}/oom_score_adj", "w") as score:
+def put_first_for_the_oom_killer() -> None:
+    """Make this process, and every process it starts from here on (they inherit the score at fork), the kernel's
+    first choice when the host runs out of memory: a GPU worker's host memory has no limit, and a CPU worker's
+    address-space limit leaves out memfds it never maps, so without this the largest process, often the runner
+    holding every job's references, was the one killed, and the whole run with it. Run by a started worker
+    before exec and before it takes its uid: while it holds a root runner's CAP_SYS_RESOURCE, the score is also
+    the least it may set again (the kernel keeps it as the floor for a writer without that capability). Set by
+    the runner on the started process instead, it missed a child that `unshare` had forked but /proc did not
+    yet show: the child had taken its parent's score before the runner raised it."""
+    with contextlib.suppress(OSError):  # no such file on this kernel
+        with open("/proc/self/oom_score_adj", "w") as score:
             score.write(str(OOM_SCORE_ADJ_MAX))
 
 

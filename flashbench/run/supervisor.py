@@ -97,8 +97,7 @@ class WorkerProcess:
                 log_fd = os.open(log_path, os.O_RDONLY | os.O_CLOEXEC)
                 process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                            pass_fds=passed, env=_environment(setup, build_dir),
-                                           start_new_session=True, preexec_fn=_dies_with_this_thread(),
-                                           **account.popen_options())
+                                           start_new_session=True, preexec_fn=_before_exec(account))
         except BaseException:
             for fd in (to_judge, from_judge) if log_fd is None else (to_judge, from_judge, log_fd):
                 os.close(fd)
@@ -110,7 +109,6 @@ class WorkerProcess:
             os.close(to_worker)
             os.close(from_worker)
             worker_socket.close()
-        sandbox.put_first_for_the_oom_killer(process.pid)
         worker = cls(process, Channel(to_judge, from_judge), exchange, log_path, isolation, fd_socket, log_fd, build_dir)
         try:
             worker.channel.send(setup_frame)  # read before any solution code is imported
@@ -293,22 +291,26 @@ def _give_directory(path: Path, uid: int | None) -> None:
     os.chown(path, owner, os.getegid() if uid is None else uid, follow_symlinks=False)
 
 
-def _dies_with_this_thread():
-    """What the started process runs before exec: a SIGKILL for it when the thread starting it ends,
-    however the judge ends (killed outright included), kept across exec. At the namespaces level
-    the process is `unshare`, whose --kill-child passes that death on to the worker, and so to its
-    whole PID namespace. The function is resolved here, in the judge, before the fork."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
+def _before_exec(account: sandbox.WorkerAccount):
+    """What the started process runs before exec, in this order: the OOM killer's first choice
+    (sandbox.put_first_for_the_oom_killer, while it holds the runner's capabilities), the worker's uid,
+    then a SIGKILL for it when the thread starting it ends, however the judge ends (killed outright
+    included), kept across exec (the kernel clears that signal when the uid changes, so it comes last).
+    At the namespaces level the process is `unshare`, whose --kill-child passes that death on to the
+    worker, and so to its whole PID namespace. The function is resolved here, in the judge, before the fork."""
+    linux = sys.platform.startswith("linux")
+    prctl, parent = (ctypes.CDLL(None, use_errno=True).prctl if linux else None), os.getpid()
     option, death_signal = ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL)
 
-    def set_death_signal() -> None:
-        prctl(option, death_signal)
-        if os.getppid() != parent:  # the judge died before the line above
-            os._exit(1)
+    def before_exec() -> None:
+        sandbox.put_first_for_the_oom_killer()
+        account.become()
+        if prctl is not None:
+            prctl(option, death_signal)
+            if os.getppid() != parent:  # the judge died before the line above
+                os._exit(1)
 
-    return set_death_signal
+    return before_exec
 
 
 def _signal(pid: int, number: int) -> None:

@@ -18,3 +18,4 @@ def test_a_shortened_text_stays_within_its_limit():
     assert len(cut) == 200 and cut.endswith("...")
     # A worker's failure message may hold 2000 characters: a longer exception, cut, must still fit the frame.
     assert len(Failed(status="RUNTIME_ERROR", message=shortened("y" * 5000, 2000)).message) == 2000
+

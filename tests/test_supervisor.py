@@ -462,3 +462,20 @@ def test_a_build_directory_du_cannot_even_start_on_is_not_held_against_the_solut
     assert worker.build_dir_overfull() is None
     monkeypatch.setattr(sandbox.subprocess, "run", too_long)
     assert worker.build_dir_overfull() == "more than can be measured"  # too large to walk in time: the folder's
+
+
+def test_a_worker_that_cannot_take_its_uid_is_an_os_error(definition, tmp_path, monkeypatch):
+    """The uid is taken in preexec_fn (after the OOM score): a failure there is Popen's SubprocessError, which
+    jobs.start_worker, catching OSError for a worker that cannot start, let through and the run ended."""
+    def refuse(self):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(sandbox.WorkerAccount, "become", refuse)
+    monkeypatch.setattr(supervisor, "_give_directory", lambda path, uid: None)
+    setup = Setup(definition=definition, solution=Solution(name="x", definition=DEFINITION, author="tests",
+                  language="python", entry_point="kernel.py::run"), folder=str(tmp_path), device="cpu",
+                  build_dir=str(tmp_path / "build"))
+    with pytest.raises(OSError, match="could not become"):
+        WorkerProcess.start(setup, DEFAULT_LEVEL, tmp_path / "workers", memory_limit_bytes=None,
+                            account=sandbox.WorkerAccount(12345))
+    assert left_in(tmp_path / "workers") == []

@@ -3,8 +3,8 @@
 
 import torch
 
-from flashbench.run.protocol import Call
-from flashbench.run.worker.handler import Job
+from flashbench.run.protocol import Call, frame
+from flashbench.run.worker.handler import Job, failed
 
 
 def job_with_slots(slots: int) -> Job:
@@ -22,3 +22,15 @@ def test_a_replays_outputs_are_copied_from_its_sets_capture_slot_into_its_own():
     assert torch.equal(job.slots[4]["output"], torch.full((4,), 7.0))
     assert torch.equal(job.slots[4]["lse"], torch.full((2,), -1.0))
     assert all(torch.isnan(job.slots[k]["output"]).all() for k in (0, 2, 3, 5))  # no other slot touched
+
+
+def test_a_failure_message_from_any_exception_fits_its_frame():
+    class Unprintable(Exception):
+        def __str__(self):
+            raise ValueError("no")
+
+    for make, part in (("the solution called sys.exit({!r})".format, "y" * 3000), (str, "bad \udc80 name"),
+                       (str, Unprintable()), (str, "\U0001F600" * 3000)):
+        message = failed("RUNTIME_ERROR", make, part)
+        assert len(message.message) <= 2000
+        frame(message)  # encodes

@@ -8,10 +8,17 @@ from ..environment import usable_memory
 from .recipe import DEFAULT_FLUSH, FLUSH_METHODS
 
 
+# A CPU worker that imports torch maps about 0.7 GB before any solution code: with 0.6 GiB of address space it
+# could not start, with 0.5 GiB it hung until its timeout, with 0.75 GiB it started (the 2-core development machine).
+MIN_WORKER_ADDRESS_SPACE = 2 << 30
+
+
 def default_memory_limit() -> int | None:
-    """Three quarters of the memory the runner may use, for a CPU worker's address space."""
+    """Three quarters of the memory the runner may use (a container's limit where lower) for a CPU worker's
+    address space, but never less than a worker needs to start: in a small container the kernel's OOM killer then
+    takes the worker, its first choice, rather than every pair failing at import."""
     memory = usable_memory()
-    return memory * 3 // 4 if memory else None
+    return max(memory * 3 // 4, MIN_WORKER_ADDRESS_SPACE) if memory else None
 
 
 class RunOptions(BaseModel):

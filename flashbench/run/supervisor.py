@@ -98,12 +98,16 @@ class WorkerProcess:
                 process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                            pass_fds=passed, env=_environment(setup, build_dir),
                                            start_new_session=True, preexec_fn=_before_exec(account))
-        except BaseException:
+        except BaseException as exc:
             for fd in (to_judge, from_judge) if log_fd is None else (to_judge, from_judge, log_fd):
                 os.close(fd)
             fd_socket.close()
             sandbox.remove_tree(exchange)
             log_path.unlink(missing_ok=True)
+            if isinstance(exc, subprocess.SubprocessError):  # _before_exec failed (taking the uid): Popen says only
+                # "Exception occurred in preexec_fn", not an OSError as when Popen itself changed the uid; the
+                # callers take an OSError for a worker that could not start (jobs.start_worker: DeviceUnusable).
+                raise OSError(f"the worker could not become {account.describe()} before exec: {exc}") from exc
             raise
         finally:
             os.close(to_worker)

@@ -3,13 +3,14 @@ arena, run batches of calls."""
 
 import socket
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from ...build import BuildError, load_entry_point
-from ...errors import shortened
 from ...dtypes import torch_dtype
+from ...errors import shortened
 from ...workloads import random_inputs
 from ..arena import export_cuda, open_memfd_arena, views
 from ..protocol import (Batch, BatchDone, Build, CallTimes, Close, Failed, Open, Opened, Probe, ReadTimes, Ready, Setup,
@@ -27,6 +28,19 @@ class OutputProblem(Exception):
     def __init__(self, status: str, message: str):
         super().__init__(message)
         self.status = status
+
+
+def failed(status: str, make: Callable[..., str], *parts: object, limit: int = 2000) -> Failed:
+    """A Failed with the message `make(*parts)`, fitting its frame whatever the solution raised: cut to `limit`
+    (Failed.message's max_length), lone surrogates escaped (a frame is UTF-8: pydantic refuses them), and a
+    message that cannot even be made (an exception whose __str__ or an exit code whose __repr__ raises) named as
+    such. Any of these raised inside the handler's except clauses, and the worker died: CRASHED instead of the
+    solution's error."""
+    try:
+        text = str.encode(make(*parts), "utf-8", "backslashreplace").decode("utf-8")  # str's own, not an override
+    except Exception as exc:  # noqa: BLE001 - solution code's __str__ / __repr__
+        text = f"(its message could not be made: {type(exc).__name__})"
+    return Failed(status=status, message=shortened(text, limit))
 
 
 class Worker:
@@ -60,19 +74,19 @@ class Worker:
                 release_cached_memory(self.device)  # the arena: the judge counts what an idle worker holds
                 return Ready()
         except OutputProblem as exc:
-            return Failed(status=exc.status, message=shortened(str(exc), 2000))
+            return failed(exc.status, str, exc)
         except SystemExit as exc:  # sys.exit() in solution code: an error, not the end of the worker
-            return Failed(status="RUNTIME_ERROR", message=f"the solution called sys.exit({exc.code!r})")
+            return failed("RUNTIME_ERROR", "the solution called sys.exit({!r})".format, exc.code)
         except Exception as exc:
             print(traceback.format_exc(), flush=True)
-            return Failed(status="RUNTIME_ERROR", message=shortened(f"{type(exc).__name__}: {exc}", 2000))
+            return failed("RUNTIME_ERROR", "{}: {}".format, type(exc).__name__, exc)
         return Failed(status="RUNTIME_ERROR", message=f"unexpected request {type(request).__name__}")
 
     def probe(self):
         try:
             value = (torch.arange(4, device=self.device) * 2).sum().item()
         except Exception as exc:
-            return Failed(status="DEVICE_ERROR", message=f"{type(exc).__name__}: {exc}"[:500])
+            return failed("DEVICE_ERROR", "{}: {}".format, type(exc).__name__, exc, limit=500)
         if value != 12:
             return Failed(status="DEVICE_ERROR", message=f"0+2+4+6 gave {value}")
         return Ready()
@@ -84,7 +98,7 @@ class Worker:
         except BuildError as exc:
             print(traceback.format_exc(), flush=True)
             status = "COMPILE_ERROR" if solution.language == "cuda" else "INVALID_SOLUTION"
-            return Failed(status=status, message=shortened(str(exc), 2000))
+            return failed(status, str, exc)
         return Ready()
 
 

@@ -5,6 +5,7 @@ inside and at what is left on the host afterwards. Tests of the namespaces level
 
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -622,8 +623,11 @@ def test_the_private_tmpfs_is_a_sixteenth_of_the_hosts_memory_within_1_and_8_gib
     overflowed 1 GiB on a 16-core GPU host; the tmpfs counts against the host's memory."""
     gib = 1 << 30
     for memory, size in [(4 * gib, gib), (24 * gib, 24 * gib // 16), (128 * gib, 8 * gib), (2048 * gib, 8 * gib)]:
-        monkeypatch.setattr(os, "sysconf", lambda name, memory=memory: {"SC_PAGE_SIZE": 4096}.get(name, memory // 4096))
+        monkeypatch.setattr(os, "sysconf", lambda name, memory=memory: memory // resource.getpagesize())
         assert sandbox.default_tmpfs_bytes() == size
+        assert sandbox.default_tmpfs_bytes(memory) == size
+    # A container's limit, where the judge passes one, and not the host's memory: the tmpfs counts against it.
+    assert sandbox.default_tmpfs_bytes(64 * gib) == 4 * gib
 
 
 def test_a_folder_that_cannot_be_bound_fails_the_start_with_one_line(probe_dir, namespaces, tmp_path):

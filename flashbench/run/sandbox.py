@@ -187,15 +187,18 @@ class SandboxError(Exception):
     """The sandbox could not be set up."""
 
 
-def default_tmpfs_bytes() -> int:
-    """The private /tmp's size (and /dev/shm's): a sixteenth of the host's memory, which the tmpfs counts
-    against, within 1 and 8 GiB. A just-in-time build may need more than 1 GiB: FlashInfer's ninja runs
-    an nvcc per core, each with about 150 MB of temporaries for its fa3 prefill kernels."""
-    try:
-        page, pages = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 30
-    return max(1 << 30, min(8 << 30, pages // 16 * page))  # whole pages: the size the kernel gives
+def default_tmpfs_bytes(memory: int | None = None) -> int:
+    """The private /tmp's size (and /dev/shm's): a sixteenth of `memory` (the judge passes what the runner may
+    use, a container's limit where lower; else the host's), which the tmpfs counts against, within 1 and 8 GiB.
+    A just-in-time build may need more than 1 GiB: FlashInfer's ninja runs an nvcc per core, each with about
+    150 MB of temporaries for its fa3 prefill kernels."""
+    page = resource.getpagesize()
+    if memory is None:
+        try:
+            memory = os.sysconf("SC_PHYS_PAGES") * page
+        except (ValueError, OSError, AttributeError):
+            return 1 << 30
+    return max(1 << 30, min(8 << 30, memory // page // 16 * page))  # whole pages: the size the kernel gives
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..environment import usable_memory
 from . import sandbox
 from .protocol import (MAX_FRAME_BYTES, BatchDone, Channel, ChannelClosed, ChannelTimeout, Failed, ProtocolError, Ready,
                        Setup, Stop, fd_socket_pair, frame, parse_reply, reply_limit, send_fd)
@@ -81,7 +82,8 @@ class WorkerProcess:
         _give_directory(exchange, account.uid)
         spec = sandbox.SandboxSpec(writable=(str(exchange), str(build_dir)), readable=(setup.folder,),
                                    hidden=tuple(map(str, hidden)), memory_limit_bytes=memory_limit_bytes,
-                                   task_limit=task_limit, cpus=cpus)
+                                   task_limit=task_limit, cpus=cpus,
+                                   tmpfs_bytes=sandbox.default_tmpfs_bytes(usable_memory()))
         to_worker, from_judge = _pipe()
         to_judge, from_worker = _pipe()
         fd_socket, worker_socket = fd_socket_pair()

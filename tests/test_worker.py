@@ -1,10 +1,13 @@
 """The worker's side of a job (run/worker/handler.py) without a process: what it does after a call.
 (tests/test_supervisor.py starts real workers; the CUDA-graph capture itself needs a GPU.)"""
 
+import io
+import sys
+
 import torch
 
-from flashbench.run.protocol import Call, frame
-from flashbench.run.worker.handler import Job, failed
+from flashbench.run.protocol import Batch, Call, frame
+from flashbench.run.worker.handler import Job, Worker, failed
 
 
 def job_with_slots(slots: int) -> Job:
@@ -34,3 +37,48 @@ def test_a_failure_message_from_any_exception_fits_its_frame():
         message = failed("RUNTIME_ERROR", make, part)
         assert len(message.message) <= 2000
         frame(message)  # encodes
+
+
+def test_no_exception_from_solution_code_ends_the_worker(monkeypatch):
+    """Worker.handle, with a log that refuses lone surrogates as the real one (UTF-8, strict) does: what the
+    solution's exception holds, or raises while its message is made, is its RUNTIME_ERROR, never the worker's end."""
+    class Name(type):
+        @property
+        def __name__(cls):
+            raise ValueError("no name")
+
+    class Nameless(Exception, metaclass=Name):
+        pass
+
+    class Exits(Exception):
+        def __str__(self):
+            raise SystemExit(3)
+
+    class Interrupts(Exception):
+        def __str__(self):
+            raise KeyboardInterrupt
+
+    class Hides(Exception):
+        def __str__(self):
+            raise Nameless()
+
+    class NoCode(SystemExit):
+        @property
+        def code(self):
+            raise ValueError("no code")
+
+    class Own(BaseException):
+        pass
+
+    raised = [ValueError("bad \ud800 text"), Nameless("x"), Exits(), Interrupts(), Hides(), NoCode(),
+              KeyboardInterrupt(), GeneratorExit(), Own("its own")]
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO(), encoding="utf-8"))
+    worker = object.__new__(Worker)
+    for exc in raised:
+        class Raises:
+            def batch(self, request, exc=exc):
+                raise exc
+        worker.job = Raises()
+        reply = worker.handle(Batch.model_construct(calls=[]))
+        assert reply.status == "RUNTIME_ERROR", exc
+        frame(reply)

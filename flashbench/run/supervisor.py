@@ -84,9 +84,18 @@ class WorkerProcess:
                                    hidden=tuple(map(str, hidden)), memory_limit_bytes=memory_limit_bytes,
                                    task_limit=task_limit, cpus=cpus,
                                    tmpfs_bytes=sandbox.default_tmpfs_bytes(usable_memory()))
-        to_worker, from_judge = _pipe()
-        to_judge, from_worker = _pipe()
-        fd_socket, worker_socket = fd_socket_pair()
+        opened: list[int] = []  # closed again if the next one cannot be made (EMFILE): they and the exchange
+        try:                    # directory were left behind
+            to_worker, from_judge = _pipe()
+            opened += (to_worker, from_judge)
+            to_judge, from_worker = _pipe()
+            opened += (to_judge, from_worker)
+            fd_socket, worker_socket = fd_socket_pair()
+        except BaseException:
+            for fd in opened:
+                os.close(fd)
+            sandbox.remove_tree(exchange)
+            raise
         passed = (to_worker, from_worker, worker_socket.fileno())
         command = sandbox.worker_command(isolation, spec.write(exchange / SPEC_FILE), "flashbench.run.worker",
                                          [str(fd) for fd in passed])

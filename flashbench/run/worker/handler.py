@@ -33,14 +33,39 @@ class OutputProblem(Exception):
 def failed(status: str, make: Callable[..., str], *parts: object, limit: int = 2000) -> Failed:
     """A Failed with the message `make(*parts)`, fitting its frame whatever the solution raised: cut to `limit`
     (Failed.message's max_length), lone surrogates escaped (a frame is UTF-8: pydantic refuses them), and a
-    message that cannot even be made (an exception whose __str__ or an exit code whose __repr__ raises) named as
-    such. Any of these raised inside the handler's except clauses, and the worker died: CRASHED instead of the
-    solution's error."""
+    message that cannot even be made (an exception whose __str__ or an exit code whose __repr__ raises, whatever
+    it raises: SystemExit and KeyboardInterrupt too) named as such. Any of these raised inside the handler's
+    except clauses, and the worker died: CRASHED instead of the solution's error. Anything of the solution's that
+    the message reads (an exit code, a type's name) is read inside `make`."""
     try:
-        text = str.encode(make(*parts), "utf-8", "backslashreplace").decode("utf-8")  # str's own, not an override
-    except Exception as exc:  # noqa: BLE001 - solution code's __str__ / __repr__
-        text = f"(its message could not be made: {type(exc).__name__})"
+        text = printable(make(*parts))
+    except BaseException as exc:  # noqa: BLE001 - solution code's __str__ / __repr__ / __format__ / __name__
+        text = f"(its message could not be made: {type_name(exc)})"
     return Failed(status=status, message=shortened(text, limit))
+
+
+def printable(text: str) -> str:
+    """`text` as UTF-8 can hold it (lone surrogates escaped), by str's own methods, not a subclass's override."""
+    return str.encode(text, "utf-8", "backslashreplace").decode("utf-8")
+
+
+def type_name(value: object) -> str:
+    """The name of value's type, by type's own descriptor: a metaclass's __name__ property is solution code."""
+    return printable(type.__dict__["__name__"].__get__(type(value)))
+
+
+def described(exc: BaseException) -> str:
+    return f"{type_name(exc)}: {exc}"
+
+
+def log_traceback() -> None:
+    """The exception being handled, into the worker's log (its stdout), whatever it holds: a lone surrogate (the
+    log's UTF-8 refuses it) or a stdout the solution closed raised here, inside an except clause, and the worker
+    died: CRASHED instead of the solution's error. The log is a diagnostic: what cannot be written is left out."""
+    try:
+        print(printable(traceback.format_exc()), flush=True)
+    except BaseException:  # noqa: BLE001, S110
+        pass
 
 
 class Worker:
@@ -76,17 +101,17 @@ class Worker:
         except OutputProblem as exc:
             return failed(exc.status, str, exc)
         except SystemExit as exc:  # sys.exit() in solution code: an error, not the end of the worker
-            return failed("RUNTIME_ERROR", "the solution called sys.exit({!r})".format, exc.code)
-        except Exception as exc:
-            print(traceback.format_exc(), flush=True)
-            return failed("RUNTIME_ERROR", "{}: {}".format, type(exc).__name__, exc)
+            return failed("RUNTIME_ERROR", lambda e: f"the solution called sys.exit({e.code!r})", exc)
+        except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt, GeneratorExit, a BaseException of its own
+            log_traceback()
+            return failed("RUNTIME_ERROR", described, exc)
         return Failed(status="RUNTIME_ERROR", message=f"unexpected request {type(request).__name__}")
 
     def probe(self):
         try:
             value = (torch.arange(4, device=self.device) * 2).sum().item()
         except Exception as exc:
-            return failed("DEVICE_ERROR", "{}: {}".format, type(exc).__name__, exc, limit=500)
+            return failed("DEVICE_ERROR", described, exc, limit=500)
         if value != 12:
             return Failed(status="DEVICE_ERROR", message=f"0+2+4+6 gave {value}")
         return Ready()
@@ -96,7 +121,7 @@ class Worker:
         try:
             self.entry = load_entry_point(Path(self.setup.folder), solution, Path(self.setup.build_dir))
         except BuildError as exc:
-            print(traceback.format_exc(), flush=True)
+            log_traceback()
             status = "COMPILE_ERROR" if solution.language == "cuda" else "INVALID_SOLUTION"
             return failed(status, str, exc)
         return Ready()

@@ -74,10 +74,9 @@ LITTER_PLACES = [Path("/tmp"), Path("/dev/shm")]
 
 # Entries that need options of their own share a Runner; the other run entries go to "outputs".
 LATER = ["cache_by_pointer", "cache_by_structure", "precomputes_outputs", "counts_calls", "inspects_stack"]
-PROCESS = ["crash_segfault", "exit_at_import", "sys_exit_at_import", "sys_exit_at_call", "raises", "bad_entry",
-           "missing_dep", "link_outside", "huge_allocation", "spawns_child", "daemon_double_fork", "huge_sparse_files",
-           "hang", "stops_reading_requests", "hides_in_pid_namespace",
-           "zombie_leader_child"]
+PROCESS = ["crash_segfault", "exit_at_import", "sys_exit_at_import", "sys_exit_at_call", "raises", "raises_unprintable",
+           "bad_entry", "missing_dep", "link_outside", "huge_allocation", "spawns_child", "daemon_double_fork",
+           "huge_sparse_files", "hang", "stops_reading_requests", "hides_in_pid_namespace", "zombie_leader_child"]
 FILES = [name for name, record in RECORDS.items() if "process_level" in record] + ["writes_reference_cache"]
 BASE = {"device": "cpu", "iters": 3, "warmup": 0, "input_sets": 2, "timeout": 60.0}
 OPTIONS = {

@@ -31,18 +31,39 @@ def describe_environment(device: str, root: Path) -> dict:
     return env
 
 
-def usable_memory(cgroup_limit: Path = Path("/sys/fs/cgroup/memory.max")) -> int | None:
-    """The bytes of memory this process may use: the machine's, or its cgroup's limit where lower; None where
-    the machine does not say. (The worker's sandbox reads the machine's alone: it may import nothing of ours.)"""
+def usable_memory(cgroup_root: Path = Path("/sys/fs/cgroup"),
+                  membership: Path = Path("/proc/self/cgroup")) -> int | None:
+    """The bytes of memory this process may use: the machine's, or the lowest memory limit of its cgroup and the
+    cgroups above it where lower (cgroup v2's memory.max, v1's memory.limit_in_bytes); None where the machine
+    does not say."""
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
     try:
-        limit = cgroup_limit.read_text().strip()
+        lines = membership.read_text().splitlines()
     except OSError:
-        return memory
-    return min(memory, int(limit)) if limit.isdigit() else memory
+        lines = []
+    places = []  # (the hierarchy's mount, this process's cgroup in it, the file of its limit)
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and not controllers:
+            places.append((cgroup_root, path, "memory.max"))
+        elif "memory" in controllers.split(","):
+            places.append((cgroup_root / "memory", path, "memory.limit_in_bytes"))
+    for root, path, name in places:
+        folder = root / path.strip("/")
+        while True:  # its own cgroup and every one above it that this mount shows (a container's root included)
+            try:
+                limit = (folder / name).read_text().strip()
+            except OSError:
+                limit = ""
+            if limit.isdigit():
+                memory = min(memory, int(limit))
+            if folder == root or root not in folder.parents:
+                break
+            folder = folder.parent
+    return memory
 
 
 def git_provenance(root: Path) -> dict:

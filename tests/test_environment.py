@@ -46,13 +46,28 @@ def test_a_folder_inside_another_repository_gives_no_commit(tmp_path, monkeypatc
     assert describe_environment("cpu", tmp_path)["git_commit"] == git(tmp_path, "rev-parse", "HEAD")
 
 
-def test_usable_memory_is_the_cgroup_limit_where_lower(tmp_path):
-    machine = usable_memory(tmp_path / "absent")
+def test_usable_memory_is_the_lowest_cgroup_limit_where_lower(tmp_path):
+    root, membership = tmp_path / "cgroup", tmp_path / "self_cgroup"
+    machine = usable_memory(root, tmp_path / "absent")
     assert machine and machine > 1 << 20
-    limit = tmp_path / "memory.max"
-    limit.write_text("1048576\n")
-    assert usable_memory(limit) == 1 << 20
-    limit.write_text("max\n")  # no limit
-    assert usable_memory(limit) == machine
-    limit.write_text(f"{machine * 2}\n")
-    assert usable_memory(limit) == machine
+    membership.write_text("0::/\n")  # a container's own cgroup namespace: its limit at the mount's root
+    root.mkdir()
+    (root / "memory.max").write_text("1048576\n")
+    assert usable_memory(root, membership) == 1 << 20
+    (root / "memory.max").write_text("max\n")  # no limit
+    assert usable_memory(root, membership) == machine
+    (root / "memory.max").write_text(f"{machine * 2}\n")
+    assert usable_memory(root, membership) == machine
+    nested = root / "system.slice" / "runner.service"  # v2 without a namespace: the limit on a parent
+    nested.mkdir(parents=True)
+    (nested / "memory.max").write_text("max\n")
+    (nested.parent / "memory.max").write_text("2097152\n")
+    membership.write_text("0::/system.slice/runner.service\n")
+    assert usable_memory(root, membership) == 2 << 20
+    v1 = root / "memory" / "docker" / "abc"  # cgroup v1: memory.limit_in_bytes, "unlimited" a huge number
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("3145728\n")
+    (v1.parent / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    membership.write_text("4:memory:/docker/abc\n1:name=systemd:/docker/abc\n0::/\n")
+    (root / "memory.max").write_text("max\n")
+    assert usable_memory(root, membership) == 3 << 20

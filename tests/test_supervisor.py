@@ -475,7 +475,7 @@ def test_a_worker_that_cannot_take_its_uid_is_an_os_error(definition, tmp_path, 
     setup = Setup(definition=definition, solution=Solution(name="x", definition=DEFINITION, author="tests",
                   language="python", entry_point="kernel.py::run"), folder=str(tmp_path), device="cpu",
                   build_dir=str(tmp_path / "build"))
-    with pytest.raises(OSError, match="could not become"):
+    with pytest.raises(OSError, match="could not start as uid 12345"):
         WorkerProcess.start(setup, DEFAULT_LEVEL, tmp_path / "workers", memory_limit_bytes=None,
                             account=sandbox.WorkerAccount(12345))
     assert left_in(tmp_path / "workers") == []

@@ -965,8 +965,13 @@ def put_first_for_the_oom_killer() -> None:
     the runner on the started process instead, it missed a child that `unshare` had forked but /proc did not
     yet show: the child had taken its parent's score before the runner raised it."""
     with contextlib.suppress(OSError):  # no such file on this kernel
-        with open("/proc/self/oom_score_adj", "w") as score:
-            score.write(str(OOM_SCORE_ADJ_MAX))
+        # os calls only: this runs in a child forked from the many-threaded judge, where a lock another thread
+        # held at the fork (an import's, an encoding lookup's) stays held.
+        score = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(score, str(OOM_SCORE_ADJ_MAX).encode())
+        finally:
+            os.close(score)
 
 
 def _descendants(root: int, parents: dict[int, int]) -> set[int]:

@@ -118,7 +118,7 @@ class WorkerProcess:
             if isinstance(exc, subprocess.SubprocessError):  # _before_exec failed (taking the uid): Popen says only
                 # "Exception occurred in preexec_fn", not an OSError as when Popen itself changed the uid; the
                 # callers take an OSError for a worker that could not start (jobs.start_worker: DeviceUnusable).
-                raise OSError(f"the worker could not become {account.describe()} before exec: {exc}") from exc
+                raise OSError(f"the worker could not start {account.describe()}: {exc}") from exc
             raise
         finally:
             os.close(to_worker)

@@ -5,6 +5,7 @@ nothing behind: no process, no exchange directory, no log. The workers are real 
 (flashbench.run.worker in its sandbox); small solutions written by each test misbehave while
 they are imported, which the worker does when asked to build."""
 
+import errno
 import fcntl
 import os
 import signal
@@ -479,3 +480,20 @@ def test_a_worker_that_cannot_take_its_uid_is_an_os_error(definition, tmp_path, 
         WorkerProcess.start(setup, DEFAULT_LEVEL, tmp_path / "workers", memory_limit_bytes=None,
                             account=sandbox.WorkerAccount(12345))
     assert left_in(tmp_path / "workers") == []
+
+
+def test_a_start_that_cannot_make_its_descriptors_leaves_nothing(definition, tmp_path, monkeypatch):
+    """Out of descriptors (EMFILE) at the worker's socket: the two pipes made before it stayed open and its exchange
+    directory stayed behind."""
+    def no_more(*args):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(supervisor, "fd_socket_pair", no_more)
+    setup = Setup(definition=definition, solution=Solution(name="x", definition=DEFINITION, author="tests",
+                  language="python", entry_point="kernel.py::run"), folder=str(tmp_path), device="cpu",
+                  build_dir=str(tmp_path / "build"))
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="Too many open files"):
+        WorkerProcess.start(setup, DEFAULT_LEVEL, tmp_path / "workers", memory_limit_bytes=None)
+    assert left_in(tmp_path / "workers") == []
+    assert len(os.listdir("/proc/self/fd")) == before

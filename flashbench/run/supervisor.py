@@ -84,46 +84,39 @@ class WorkerProcess:
                                    hidden=tuple(map(str, hidden)), memory_limit_bytes=memory_limit_bytes,
                                    task_limit=task_limit, cpus=cpus,
                                    tmpfs_bytes=sandbox.default_tmpfs_bytes(usable_memory()))
-        opened: list[int] = []  # closed again if the next one cannot be made (EMFILE): they and the exchange
-        try:                    # directory were left behind
+        # `undo`: what a start that fails leaves behind (the judge's ends, the log, the exchange dir; an EMFILE at the
+        # second pipe left the first); `worker_ends`: the worker's copies of its descriptors, closed here either way.
+        with contextlib.ExitStack() as worker_ends, contextlib.ExitStack() as undo:
+            undo.callback(sandbox.remove_tree, exchange)
+            undo.callback(log_path.unlink, missing_ok=True)
             to_worker, from_judge = _pipe()
-            opened += (to_worker, from_judge)
+            worker_ends.callback(os.close, to_worker)
+            undo.callback(os.close, from_judge)
             to_judge, from_worker = _pipe()
-            opened += (to_judge, from_worker)
+            worker_ends.callback(os.close, from_worker)
+            undo.callback(os.close, to_judge)
             fd_socket, worker_socket = fd_socket_pair()
-        except BaseException:
-            for fd in opened:
-                os.close(fd)
-            sandbox.remove_tree(exchange)
-            raise
-        passed = (to_worker, from_worker, worker_socket.fileno())
-        command = sandbox.worker_command(isolation, spec.write(exchange / SPEC_FILE), "flashbench.run.worker",
-                                         [str(fd) for fd in passed])
-        log_fd = None
-        try:
+            worker_ends.callback(worker_socket.close)
+            undo.callback(fd_socket.close)
+            passed = (to_worker, from_worker, worker_socket.fileno())
+            command = sandbox.worker_command(isolation, spec.write(exchange / SPEC_FILE), "flashbench.run.worker",
+                                             [str(fd) for fd in passed])
             with open(log_path, "ab") as log:
                 # Held open while the worker lives and read through: the judge never opens the log again,
                 # which would wait for the worker if it held a lease on it (F_SETLEASE, refused while
                 # another descriptor is open).
                 log_fd = os.open(log_path, os.O_RDONLY | os.O_CLOEXEC)
-                process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                           pass_fds=passed, env=_environment(setup, build_dir),
-                                           start_new_session=True, preexec_fn=_before_exec(account))
-        except BaseException as exc:
-            for fd in (to_judge, from_judge) if log_fd is None else (to_judge, from_judge, log_fd):
-                os.close(fd)
-            fd_socket.close()
-            sandbox.remove_tree(exchange)
-            log_path.unlink(missing_ok=True)
-            if isinstance(exc, subprocess.SubprocessError):  # _before_exec failed (taking the uid): Popen says only
-                # "Exception occurred in preexec_fn", not an OSError as when Popen itself changed the uid; the
-                # callers take an OSError for a worker that could not start (jobs.start_worker: DeviceUnusable).
-                raise OSError(f"the worker could not start {account.describe()}: {exc}") from exc
-            raise
-        finally:
-            os.close(to_worker)
-            os.close(from_worker)
-            worker_socket.close()
+                undo.callback(os.close, log_fd)
+                try:
+                    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                               pass_fds=passed, env=_environment(setup, build_dir),
+                                               start_new_session=True, preexec_fn=_before_exec(account))
+                except subprocess.SubprocessError as exc:
+                    # _before_exec failed (taking the uid): Popen says only "Exception occurred in preexec_fn",
+                    # not an OSError as when Popen itself changed the uid; the callers take an OSError for a
+                    # worker that could not start (jobs.start_worker: DeviceUnusable).
+                    raise OSError(f"the worker could not start {account.describe()}: {exc}") from exc
+            undo.pop_all()  # started: the judge keeps its ends, the log and the exchange dir
         worker = cls(process, Channel(to_judge, from_judge), exchange, log_path, isolation, fd_socket, log_fd, build_dir)
         try:
             worker.channel.send(setup_frame)  # read before any solution code is imported

@@ -14,7 +14,7 @@ RUN_AGAIN = "MISSING_DEPENDENCY"
 # again a record of another, whatever its status. Without it a PASSED that a since-fixed hole let through, or a
 # failure a since-fixed judge gave an honest solution, was kept by every later --resume (the checks' digest covers
 # the definition and its reference, not the harness).
-JUDGE_VERSION = 1
+JUDGE_VERSION = 2  # 2: a solution's exception never ends its worker (CRASHED became RUNTIME_ERROR)
 
 
 def settled(trace: Trace, isolation: str | None = None, timing: dict | None = None) -> bool:

@@ -165,6 +165,13 @@ def write_targets(copy: Path, names: list[str], targets: dict) -> None:
             (copy / name / "targets.json").write_text(json.dumps(targets, indent=1))
 
 
+def checkout_files() -> list[str]:
+    """Files of the checkout flashbench runs from outside its package: its git history holds every
+    committed solution and trace."""
+    root = Path(sandbox.SOURCE_ROOT)
+    return [str(path) for path in (root / "pyproject.toml", root / ".git" / "HEAD") if path.is_file()]
+
+
 def run_group(runner: Runner, copy: Path, names: list[str]):
     repo = runner.repo
     folders = select_solutions(repo, DEFINITION, [str(copy / name) for name in names])
@@ -232,6 +239,9 @@ def adversarial_run(request) -> Outcome:
             "evidence_file": str(outcome.evidence), "reference_cache": str(tmp / group / "reference-cache"),
             "edit_files": edit_files, "solutions_dir": str(copies[group]),
             "repo_solutions": str(repo_root / "solutions"), "cache_dir": str(outcome.cache),
+            "other_solution": str(copies[group] / CONTROL), "checkout_files": checkout_files(),
+            "definition": repo.definition_path(DEFINITION).read_text(),
+            "workloads": repo.workloads_path(DEFINITION).read_text(),
         })
 
     secret = secrets.token_hex(8)

@@ -139,6 +139,24 @@ def test_a_folder_run_from_elsewhere_may_not_take_the_name_of_one_in_the_reposit
     assert own.solution.name == "torch_vectorized"  # the repository's own folder, by path, is itself
 
 
+def test_two_folders_of_one_run_may_not_share_a_name_with_other_code(tmp_path):
+    """Two folders from elsewhere, both called mine, would be one board row, the last run's: an impostor
+    writing zeros took the row of the honest folder it named itself after. Refused with one line, in case
+    too; the same code under one name is one solution, rightly."""
+    repo = Repo(REPO)
+    honest, twin = solution_folder(tmp_path / "honest", "mine"), solution_folder(tmp_path / "twin", "mine")
+    assert [f.solution.name for f in select_solutions(repo, DEFINITION, [str(honest), str(twin)])] == ["mine"] * 2
+    with (twin / "kernel.py").open("a") as kernel:
+        kernel.write("\n# another solution now\n")
+    with pytest.raises(FlashbenchError) as refused:
+        select_solutions(repo, DEFINITION, [str(honest), str(twin)])
+    assert refused.value.field == "name" and f"is taken by {honest}" in refused.value.message
+    assert refused.value.file == str(twin / "solution.yaml") and "\n" not in str(refused.value)
+    (twin / "solution.yaml").write_text((twin / "solution.yaml").read_text().replace("name: mine", "name: Mine"))
+    with pytest.raises(FlashbenchError, match="'Mine' differs from 'mine' .* only in case"):
+        select_solutions(repo, DEFINITION, [str(honest), str(twin)])
+
+
 def test_a_name_differing_from_a_repository_solutions_only_in_case_is_refused(tmp_path):
     """On a case-insensitive file system Torch_vectorized and torch_vectorized are one folder: selecting a folder
     named so from elsewhere, or installing one (or a shared folder) beside the other, is refused with one line;

@@ -27,7 +27,7 @@ from conftest import copy_repo
 from flashbench import FlashbenchError, Repo
 from flashbench.build import CACHE_DIR_NAME, MAX_FILE_BYTES
 from flashbench.cli import main
-from flashbench.run import RunOptions, Runner, jobs, select_solutions, select_workloads, supervisor
+from flashbench.run import RunOptions, Runner, jobs, sandbox, select_solutions, select_workloads, supervisor
 from flashbench.run.jobs import JobJudge, JudgeConfig
 from flashbench.run.options import GPU_CHECKED_CALLS
 from flashbench.run.plan import Job
@@ -358,21 +358,31 @@ def test_the_reference_is_a_candidate_of_its_own_keyed_by_its_source(repo, tmp_p
 
 
 
-def test_a_worker_is_hidden_the_solutions_its_sources_the_traces_the_cache_and_the_home(repo, tmp_path,
-                                                                                         monkeypatch):
-    """What the judge gives the sandbox to hide: its staged copy is the only one of a solution its worker
-    sees (tests/test_sandbox.py shows hidden folders empty; reads_hidden_files in tests/test_adversarial.py
-    tries them through a run). A home that is the root is not hidden."""
+def test_a_worker_is_hidden_the_repository_every_candidates_sources_the_traces_the_cache_and_the_home(
+        repo, tmp_path, monkeypatch):
+    """What the judge gives the sandbox to hide: the repository and the checkout flashbench runs from (their
+    git history holds every committed solution), and the folders every candidate was staged from, so that
+    its staged copy is the only one of a solution a worker sees (tests/test_sandbox.py shows hidden folders
+    empty; reads_hidden_files in tests/test_adversarial.py tries them through a run). What is shown of
+    them: the FP8 quantize reference's folder, which workers' redraws load. A home that is the root is not
+    hidden."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     runner = Runner(repo, DEFINITION, RunOptions(trace_dir=tmp_path, cache_dir=tmp_path / "cache"))
-    reference, solution = runner.candidates(select_solutions(repo, DEFINITION, [str(FIXTURES / "correct_dps")]))
-    config = judge_for(repo, tmp_path).config
-    fixed = (tmp_path, tmp_path / "cache", tmp_path / "home")
-    assert config.hidden_from(solution) == (repo.root / "solutions", FIXTURES / "correct_dps",
-                                            FIXTURES.parent / "_shared" / "decode_support", *fixed)
-    assert config.hidden_from(reference) == (repo.root / "solutions", *fixed)
+    chosen = runner.candidates(select_solutions(repo, DEFINITION, [str(FIXTURES / "correct_dps"),
+                                                                   str(FIXTURES / "raises")]))
+    reference, solution, other = chosen
+    options = RunOptions(trace_dir=tmp_path, cache_dir=tmp_path / "cache", isolation="process")
+    config = JudgeConfig.for_run(repo.definition(DEFINITION), repo.root, repo.definition_path(DEFINITION), options,
+                                 "", tuple(path for candidate in chosen for path in candidate.sources))
+    trees = (repo.root, Path(sandbox.SOURCE_ROOT))
+    shared, fixed = FIXTURES.parent / "_shared" / "decode_support", (tmp_path, tmp_path / "cache", tmp_path / "home")
+    assert config.hidden_from(solution) == (*trees, FIXTURES / "correct_dps", shared, FIXTURES / "raises", *fixed)
+    assert config.hidden_from(other) == (*trees, FIXTURES / "raises", FIXTURES / "correct_dps", shared, *fixed)
+    assert config.hidden_from(reference) == (*trees, FIXTURES / "correct_dps", shared, FIXTURES / "raises", *fixed)
+    shown = (tree / "references" / "flashmla_sparse" for tree in trees)
+    assert config.shown() == tuple(folder for folder in shown if folder.is_dir()) and config.shown()
     monkeypatch.setenv("HOME", "/")
-    assert config.hidden_from(reference) == (repo.root / "solutions", *fixed[:2])
+    assert config.hidden_from(reference)[-2:] == fixed[:2]
 
 # Resume after the runner was killed outright.
 

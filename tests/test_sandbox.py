@@ -125,6 +125,20 @@ PROBE = textwrap.dedent(r'''
                 "writable": outcome(lambda: write(os.path.join(writable_dir, "output")))}
 
 
+    def checkout(source_root, hidden_import_dir):
+        """What shows of a hidden checkout flashbench runs from and of a hidden folder on the import path:
+        the package, imported afresh, and nothing else."""
+        try:
+            import flashbench.leaderboard.formats
+            package = "ok"
+        except ImportError as exc:
+            package = str(exc)
+        return {"package": package, "listing": listing(source_root),
+                "pyproject": text(os.path.join(source_root, "pyproject.toml")),
+                "git": listing(os.path.join(source_root, ".git")),
+                "import_dir": text(os.path.join(hidden_import_dir, "secret"))}
+
+
     def pids():
         return {"pid": os.getpid(), "ppid": os.getppid(),
                 "proc": sorted(int(name) for name in os.listdir("/proc") if name.isdigit())}
@@ -423,14 +437,15 @@ def command(isolation: str, spec: sandbox.SandboxSpec, check: str, *args) -> lis
     return sandbox.worker_command(isolation, spec.write(Path(name)), "sandbox_probe", [check, *map(str, args)])
 
 
-def environment(probe_dir: Path) -> dict[str, str]:
-    return sandbox.worker_environment({"PYTHONPATH": str(probe_dir)})
+def environment(probe_dir: Path, *import_path: str) -> dict[str, str]:
+    return sandbox.worker_environment({"PYTHONPATH": os.pathsep.join([str(probe_dir), *import_path])})
 
 
-def run_probe(probe_dir: Path, isolation: str, spec: sandbox.SandboxSpec, check: str, *args) -> dict:
+def run_probe(probe_dir: Path, isolation: str, spec: sandbox.SandboxSpec, check: str, *args,
+              import_path: tuple[str, ...] = ()) -> dict:
     """Runs a check to its end (started as a child of this process: not a session leader)."""
-    done = subprocess.run(command(isolation, spec, check, *args), env=environment(probe_dir), capture_output=True,
-                          text=True, timeout=LIFETIME_S, stdin=subprocess.DEVNULL)
+    done = subprocess.run(command(isolation, spec, check, *args), env=environment(probe_dir, *import_path),
+                          capture_output=True, text=True, timeout=LIFETIME_S, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -579,6 +594,23 @@ def test_hidden_folders_show_only_what_is_bound_back_in_them(probe_dir, isolatio
         assert sorted(os.listdir(hidden)) == ["needed", "secret", "writable"]
     else:
         assert (found["secret"], found["relative"], found["hidden_again"]) == ("secret", "secret", ["secret"])
+
+
+@pytest.mark.skipif(sandbox.source_checkout() is None, reason="flashbench runs from an installed package")
+def test_a_hidden_checkout_on_the_import_path_shows_the_package_alone(probe_dir, namespaces, host_dir):
+    """The judge hides the checkout flashbench runs from (its git history holds every committed solution
+    and trace); a folder on the import path is bound back whole unless it is hidden itself, so of the
+    checkout the worker sees only the package it imports, and of another hidden folder on the path nothing."""
+    on_path = host_dir / "on_path"
+    on_path.mkdir()
+    (on_path / "secret").write_text("secret")
+    spec = sandbox.SandboxSpec(hidden=(sandbox.SOURCE_ROOT, str(on_path)))
+
+    found = run_probe(probe_dir, namespaces, spec, "checkout", sandbox.SOURCE_ROOT, on_path,
+                      import_path=(str(on_path), sandbox.SOURCE_ROOT))
+
+    assert (found["package"], found["listing"]) == ("ok", ["flashbench"]), found
+    assert (found["pyproject"], found["git"], found["import_dir"]) == ("ENOENT",) * 3, found
 
 
 def test_the_runner_is_not_in_the_sandbox_proc(probe_dir, namespaces):

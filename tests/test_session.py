@@ -12,6 +12,7 @@ outputs kept in memory."""
 
 import contextlib
 import math
+import shutil
 import textwrap
 import time
 from collections import Counter
@@ -42,10 +43,9 @@ SETS = 2  # input sets; with warmup 0, a job's first three calls are the untimed
 
 # Each call appends a fingerprint of all its inputs to $HOME/calls.txt (HOME is the solution's own
 # build directory, the one lasting place its worker may write), then computes correctly.
-FINGERPRINTS = f'''
-import hashlib, os, sys
+FINGERPRINTS = '''
+import hashlib, os
 import torch
-sys.path.insert(0, {str(FIXTURES.parent / "_shared" / "decode_support")!r})
 from decode_math import decode_into
 
 
@@ -74,9 +74,11 @@ def write_fingerprints(folder: Path) -> Path:
 
 
 def write_solution(folder: Path, name: str, kernel: str) -> Path:
-    """A destination-passing Python solution folder of the decode definition."""
+    """A destination-passing Python solution folder of the decode definition, with the fixtures' decode_math
+    (the worker sees no folder outside its own)."""
     folder.mkdir(parents=True)
     (folder / "kernel.py").write_text(kernel)
+    shutil.copy(FIXTURES.parent / "_shared" / "decode_support" / "decode_math.py", folder)
     (folder / "solution.yaml").write_text(textwrap.dedent(f"""\
         name: {name}
         definition: {DEFINITION}
@@ -625,13 +627,11 @@ def test_past_the_budget_the_least_recently_used_outputs_go_but_the_newest_stays
 # A worker that leaves the L2 flush out, or reports another result for it. The flush's keyed reads set the
 # signs of each call's queries (run/recipe.py L2Flush): the judge recomputes what the flush before each
 # checked call returns.
-SKIPS_FLUSH = f'''
-import sys
-sys.path.insert(0, {str(FIXTURES.parent / "_shared" / "decode_support")!r})
+SKIPS_FLUSH = '''
 from decode_math import decode_into
 from flashbench.run import recipe
 
-recipe.L2Flush.__call__ = {{replacement}}
+recipe.L2Flush.__call__ = {replacement}
 
 
 def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, output, lse):
@@ -659,15 +659,13 @@ def test_a_worker_that_skips_the_keyed_flush_is_rejected(repo_copy, shared_cache
 
 # Workers that cheat only on calls the judge does not check: they learn nothing of which those are, but
 # with the judge made to check only each batch's last call, the cheating is on unchecked calls only.
-CHEATS_UNCHECKED = f'''
-import sys
+CHEATS_UNCHECKED = '''
 import torch
-sys.path.insert(0, {str(FIXTURES.parent / "_shared" / "decode_support")!r})
 from decode_math import decode_into
 from flashbench.run import recipe
 from flashbench.run.worker import handler
 
-state = {{"k": 0, "calls": 0}}
+state = {"k": 0, "calls": 0}
 run_batch, flush, output_link = handler.run_batch, recipe.L2Flush.__call__, recipe.output_link
 
 
@@ -677,7 +675,7 @@ def counting_run_batch(batch, *args, **kwargs):
 
 
 handler.run_batch = counting_run_batch
-{{cheat}}
+{cheat}
 
 
 def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, output, lse):

@@ -19,6 +19,7 @@ from ..errors import shortened
 from ..model import REFERENCE, Definition, Workload
 from ..reference import load_reference
 from ..workloads import generate_inputs
+from ..workloads.generators import FP8_QUANTIZE_REFERENCE
 from . import sandbox
 from .judge.clock import Baseline, CleanSteps
 from .judge.inputs import JobInputs, fresh_seed
@@ -51,14 +52,15 @@ class JudgeConfig:
     isolation: str
     hardware: str = ""  # the run's device model: a device of another model has no place in it
     cache_dir: Path = field(default=Path(CACHE_DIR_NAME))
+    sources: tuple[Path, ...] = ()  # the folders every candidate of the run was staged from
 
     @classmethod
     def for_run(cls, definition: Definition, root: Path, definition_file: Path, options: RunOptions,
-                hardware: str) -> "JudgeConfig":
+                hardware: str, sources: tuple[Path, ...] = ()) -> "JudgeConfig":
         sets = options.input_sets
         seeds = [fresh_seed() for _ in range(sets)] if options.seed is None else [options.seed + i for i in range(sets)]
         return cls(definition, root, definition_file, options, seeds, options.isolation or sandbox.available_isolation(),
-                   hardware, options.cache_dir or root / CACHE_DIR_NAME)
+                   hardware, options.cache_dir or root / CACHE_DIR_NAME, sources)
 
     @property
     def trace_dir(self) -> Path:
@@ -69,11 +71,26 @@ class JudgeConfig:
         return sandbox.worker_account(self.isolation, (str(self.cache_dir),))
 
     def hidden_from(self, candidate: Candidate) -> tuple[Path, ...]:
-        """What a worker has no business reading, empty to it at the namespaces level: the repository's
-        solutions, the folders its own was staged from (their notes are outside its hash), the trace
-        directory, the cache (other solutions' staged copies and builds, other workers' directories) and
-        the runner's home. Its staged folder and its build directory are bound back."""
-        return (self.root / "solutions", *candidate.sources, self.trace_dir, self.cache_dir, *_runner_home())
+        """What a worker has no business reading, empty to it at the namespaces level: the whole repository
+        and the checkout flashbench runs from (solutions, git history, notes), the folders every candidate
+        of the run was staged from (their notes are outside their hashes), the trace directory, the cache
+        (other solutions' staged copies and builds, other workers' directories) and the runner's home. Its
+        staged folder, its build directory, the flashbench package and `shown` are bound back."""
+        sources = dict.fromkeys((*candidate.sources, *self.sources))  # its own first, each once
+        return (*self._trees(), *sources, self.trace_dir, self.cache_dir, *_runner_home())
+
+    def shown(self) -> tuple[Path, ...]:
+        """What a worker reads of the hidden trees: the folder of the FP8 cache format's quantize reference,
+        which a worker's redraws run, loaded by path (generators.fp8_quantize)."""
+        folders = (tree / FP8_QUANTIZE_REFERENCE.parent for tree in self._trees())
+        return tuple(folder for folder in folders if folder.is_dir())
+
+    def _trees(self) -> tuple[Path, ...]:
+        """The repository, and the checkout flashbench runs from where it is another one."""
+        checkout = sandbox.source_checkout()
+        if checkout is None or Path(checkout).resolve() == self.root.resolve():
+            return (self.root,)
+        return (self.root, Path(checkout))
 
 
 class JobJudge:
@@ -119,7 +136,7 @@ class JobJudge:
         account = self.config.worker_account()
         try:
             worker = WorkerProcess.start(setup, self.config.isolation, self.config.cache_dir / "workers", memory_limit,
-                                         self.config.hidden_from(candidate), account,
+                                         self.config.hidden_from(candidate), self.config.shown(), account,
                                          account.task_limit(len(self.options.devices or [device])), cpus)
         except OSError as exc:
             raise DeviceUnusable(f"its worker could not start: {exc}") from None

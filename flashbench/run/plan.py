@@ -88,19 +88,21 @@ def select_solutions(repo: Repo, definition: str, selectors: list[str], cache_di
             chosen.append(by_name[selector])
         else:
             raise FlashbenchError(f"no solution {selector!r} for {definition}; known: {', '.join(by_name) or 'none'}")
+    taken = dict(by_name)  # the repository's folders, then each chosen one: two names alike are one board row
     for folder in chosen:
         manifest = folder.path / "solution.yaml"
         if folder.solution.definition != definition:
             raise FlashbenchError(f"solves {folder.solution.definition!r}, not {definition!r}", manifest, "definition")
-        check_name_is_its_own(by_name, folder)
+        check_name_is_its_own(taken, folder)
+        taken.setdefault(folder.solution.name, folder)
     return chosen
 
 
 def check_name_is_its_own(by_name: dict[str, SolutionFolder], folder: SolutionFolder) -> None:
     """Boards tell solutions apart by name: a folder from elsewhere that took the name of a repository
-    folder (`by_name`, of the same definition) holding other code would take that one's row, even
-    with a failed run. A name differing from one of theirs only in case is refused too: `submit`
-    would install it over that folder on a case-insensitive file system."""
+    folder or of another folder of the same run (`by_name`, of the same definition) holding other code
+    would take that one's row, even with a failed run. A name differing from one of theirs only in case
+    is refused too: `submit` would install it over that folder on a case-insensitive file system."""
     name, manifest = folder.solution.name, folder.path / "solution.yaml"
     known = by_name.get(name)
     if known is not None and known.path.resolve() == folder.path.resolve():  # selected by name: itself

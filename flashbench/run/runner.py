@@ -78,8 +78,9 @@ class Runner:
         the others only once those are recorded, so every speedup has its reference latency.
         `advance` is called as each pair ends, `on_phase` as a job enters a phase (jobs.PHASES)."""
         refuse_invalid_workloads(self.repo, self.definition, workloads)
+        sources = tuple(path for candidate in chosen for path in candidate.sources)
         config = JudgeConfig.for_run(self.definition, self.repo.root, self.repo.definition_path(self.definition.name),
-                                     self.options, self.hardware)
+                                     self.options, self.hardware, sources)
         judge = JobJudge(config, on_phase)
         with TraceRecorder(self.trace_file, self.trace_dir, self.options.save) as recorder:
             return self._run(judge, config, recorder, chosen, workloads, advance)

@@ -51,6 +51,7 @@ ISOLATION_VARIABLE = "FLASHBENCH_ISOLATION"
 UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
            "--net", "--ipc"]
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE_DIR = os.path.join(SOURCE_ROOT, "flashbench")
 REAP_TIMEOUT_S = 10.0
 WORKER_UID_VARIABLE = "FLASHBENCH_WORKER_UID"
 OOM_SCORE_ADJ_MAX = 1000  # /proc/PID/oom_score_adj: the OOM killer's first choice
@@ -666,7 +667,10 @@ def _hidden(spec: SandboxSpec) -> list[str]:
 def _open_binds(spec: SandboxSpec, hidden: list[str]) -> list[tuple[str, int, bool]]:
     """(path, O_PATH descriptor, writable) for each directory to bind back, parents before children, so
     that a writable directory inside a readable one stays writable."""
-    readable = {os.path.realpath(path) for path in (*spec.readable, *_import_paths(), *_toolchain_paths())}
+    # A directory on sys.path that is itself hidden (a checkout flashbench runs from) is not bound back whole: of
+    # it a worker imports the package alone.
+    imports = [path for path in map(os.path.realpath, _import_paths()) if path not in hidden]
+    readable = {os.path.realpath(path) for path in (*spec.readable, *imports, PACKAGE_DIR, *_toolchain_paths())}
     wanted = {path: False for path in readable if _covered(path) or any(_within(path, top) for top in hidden)}
     wanted.update({os.path.realpath(path): True for path in spec.writable})
     binds = []
@@ -686,6 +690,12 @@ def _import_paths() -> list[str]:
     installation = (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
                     os.path.dirname(sys.executable))
     return [path for path in (*installation, *sys.path) if path and os.path.isdir(path)]
+
+
+def source_checkout() -> str | None:
+    """The checkout flashbench runs from (its tests, docs and git history beside the package), None where it
+    is an installed package."""
+    return SOURCE_ROOT if os.path.isfile(os.path.join(SOURCE_ROOT, "pyproject.toml")) else None
 
 
 def _toolchain_paths() -> list[str]:

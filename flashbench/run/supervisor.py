@@ -61,12 +61,14 @@ class WorkerProcess:
 
     @classmethod
     def start(cls, setup: Setup, isolation: str, work_root: Path, memory_limit_bytes: int | None,
-              hidden: tuple[Path, ...] = (), account: sandbox.WorkerAccount = sandbox.WorkerAccount(None),
+              hidden: tuple[Path, ...] = (), shown: tuple[Path, ...] = (),
+              account: sandbox.WorkerAccount = sandbox.WorkerAccount(None),
               task_limit: int | None = None, cpus: tuple[int, ...] | None = None) -> "WorkerProcess":
         """The worker may write only its exchange directory (its TMPDIR at level process) and the
         solution's own build directory; its log is a file it holds open but cannot reach by name. At the
         namespaces level the `hidden` directories are empty to it, but for its solution's folder, build and
-        exchange directories. It runs as `account` says: a uid of its own owns those two directories.
+        exchange directories and the `shown` ones. It runs as `account` says: a uid of its own owns the build
+        and exchange directories.
         `task_limit`: its RLIMIT_NPROC (WorkerAccount.task_limit), if any; `cpus`: its lane's CPUs (pool.lane_cpus).
         It gets three descriptors: the request pipe, the reply pipe, and its end of the descriptor
         socket, on which a CPU job's arena (a sealed memfd) comes."""
@@ -80,7 +82,7 @@ class WorkerProcess:
         build_dir = Path(setup.build_dir)
         _give_directory(build_dir, account.uid)
         _give_directory(exchange, account.uid)
-        spec = sandbox.SandboxSpec(writable=(str(exchange), str(build_dir)), readable=(setup.folder,),
+        spec = sandbox.SandboxSpec(writable=(str(exchange), str(build_dir)), readable=(setup.folder, *map(str, shown)),
                                    hidden=tuple(map(str, hidden)), memory_limit_bytes=memory_limit_bytes,
                                    task_limit=task_limit, cpus=cpus,
                                    tmpfs_bytes=sandbox.default_tmpfs_bytes(usable_memory()))

@@ -58,8 +58,8 @@ def walk_folder(folder: Path) -> Iterator[tuple[str, Path, str | None]]:
     anything is read. A link leading to a file inside the folder is that file (read at its real path); any
     other link (leading out, to a folder, or nowhere) is never followed: it comes with a problem saying why,
     is hashed as a link (files_hash) and refused before a worker starts (folder_problem). FolderError
-    for anything else that is not a plain file or folder, a name that is not printable UTF-8, or a folder
-    past the limits."""
+    for anything else that is not a plain file or folder, a file with other names (a hard link), a name that
+    is not printable UTF-8, or a folder past the limits."""
     root = Path(os.path.realpath(folder))
     entries = total = 0
     pending = [Path(folder)]
@@ -95,6 +95,9 @@ def walk_folder(folder: Path) -> Iterator[tuple[str, Path, str | None]]:
                 continue
             if not stat.S_ISREG(info.st_mode):  # a fifo, a socket, a device: reading could block or never end
                 raise FolderError(f"{relative} is not a regular file")
+            if info.st_nlink > 1:  # its other names may lie anywhere: the judge staged a hidden trace file's bytes
+                raise FolderError(f"{relative} is a hard link ({info.st_nlink} names): a file of a solution folder "
+                                  "may have no other name")
             if info.st_size > MAX_FILE_BYTES:
                 raise FolderError(f"{relative} is {info.st_size} bytes; a file may have {MAX_FILE_BYTES >> 20} MiB")
             total += info.st_size

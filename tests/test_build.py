@@ -92,6 +92,19 @@ def test_a_fifo_is_refused_without_opening_it(folder):
     assert refusal(folder) == "sub/pipe is not a regular file"
 
 
+def test_a_hard_link_is_refused(folder, tmp_path):
+    """Red team: a file hard-linked to the run's trace file (hidden from the worker) was read by the judge and its
+    bytes staged into the worker's copy. A file's other names may lie anywhere: any file with more than one is
+    refused, one inside the folder too."""
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text("hidden\n")
+    os.link(secret, folder / "sub" / "data.txt")
+    assert refusal(folder) == "sub/data.txt is a hard link (2 names): a file of a solution folder may have no other name"
+    (folder / "sub" / "data.txt").unlink()
+    os.link(folder / "kernel.py", folder / "sub" / "kernel_again.py")
+    assert "hard link" in refusal(folder)
+
+
 def test_a_link_loop_is_refused_not_followed(folder):
     (folder / "loop").symlink_to("loop")
     assert folder_problem(folder, solution()) == "loop is a link that leads nowhere (Too many levels of symbolic links)"

@@ -8,6 +8,7 @@ from trace_factory import CALIBRATION, make_trace, named
 
 from flashbench.leaderboard import (board_colours, build_boards, latency_chart, roofline_chart, save_charts,
                                     solution_colours, traces_frame)
+from flashbench.leaderboard import charts
 from flashbench.leaderboard.charts import PALETTE
 
 TRACES = [make_trace(solution, workload, latency, nbytes=nbytes, flops=flops)
@@ -44,6 +45,25 @@ def test_names_from_traces_are_drawn_as_text_not_tex(chart):
     traces = [make_trace("reference", workload, 8.0) for workload in ("w1-aaaaaa", "w2-aaaaaa")]
     traces += [named("$\\frac{$", workload, 2.0) for workload in ("w1-aaaaaa", "w2-aaaaaa")]
     picture(chart(build_boards(traces_frame(traces), calibrations={"gpu_x": CALIBRATION})[0]))
+
+
+@pytest.mark.parametrize("chart", [latency_chart, roofline_chart])
+def test_only_names_are_plain_text_the_log_axes_keep_their_powers_of_ten(chart, monkeypatch):
+    """Turning TeX off for the whole figure showed every log axis's ticks as `$\\mathdefault{10^{3}}$`; a name of
+    600 characters left the axes no room, and the other legend entries fell out."""
+    figures = []
+    monkeypatch.setattr(charts, "_png", lambda figure: figures.append(figure) or b"")
+    long_name = "x" * 600
+    traces = [make_trace("reference", workload, 8.0) for workload in ("w1-aaaaaa", "w2-aaaaaa")]
+    traces += [named(long_name, workload, 2.0) for workload in ("w1-aaaaaa", "w2-aaaaaa")]
+    chart(build_boards(traces_frame(traces), calibrations={"gpu_x": CALIBRATION})[0])
+    (axes,) = figures[0].axes
+    figures[0].canvas.draw()
+    assert all(label.get_parse_math() for label in axes.get_yticklabels())
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert not any(text.get_parse_math() for text in axes.get_legend().get_texts())
+    assert long_name[:10] in legend[-2 if chart is roofline_chart else 1] and max(map(len, legend)) <= 60
+    assert "reference" in legend
 
 
 def test_charts_without_any_valid_result():
@@ -89,14 +109,11 @@ def test_host_clock_timings_are_not_on_the_roofline():
 def test_a_name_starting_with_an_underscore_is_in_the_legend(monkeypatch):
     """matplotlib leaves labels starting with '_' out of a legend it gathers itself: a solution named `_fast` had
     its bars drawn and no name beside them."""
-    import matplotlib.axes
-
-    seen = []
-    legend = matplotlib.axes.Axes.legend
-    monkeypatch.setattr(matplotlib.axes.Axes, "legend",
-                        lambda self, *a, **k: seen.append([t.get_text() for t in legend(self, *a, **k).get_texts()]))
+    figures = []
+    monkeypatch.setattr(charts, "_png", lambda figure: figures.append(figure) or b"")
     traces = [make_trace("reference", "w1-aaaaaa", 8.0), make_trace("_fast", "w1-aaaaaa", 2.0)]
     [board] = build_boards(traces_frame(traces), calibrations={"gpu_x": CALIBRATION})
     latency_chart(board)
     roofline_chart(board)
+    seen = [[text.get_text() for text in figure.axes[0].get_legend().get_texts()] for figure in figures]
     assert all("_fast" in labels for labels in seen) and len(seen) == 2

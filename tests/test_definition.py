@@ -423,3 +423,15 @@ def test_no_definition_is_named_after_the_shared_folder():
     for name in ("_shared", "_Shared"):  # the second is the same folder on a case-insensitive file system
         with pytest.raises(ValueError, match="shared"):
             Definition.model_validate(data | {"name": name})
+
+
+def test_a_name_is_at_most_128_characters():
+    """Red team: a solution named with 600 characters ran and PASSED, then `submit` ended in ENAMETOOLONG staging
+    `.<name>.incoming`, and the charts' legends crowded out their axes. FlashInfer-Bench names are cut to fit."""
+    from flashbench.interop.fib_solution import safe_name
+
+    fields = {"definition": "d", "author": "a", "language": "python", "entry_point": "k.py::run"}
+    assert Solution(name="x" * 128, **fields).name == "x" * 128
+    with pytest.raises(ValueError, match="name"):
+        Solution(name="x" * 129, **fields)
+    assert safe_name("y" * 300) == "y" * 128

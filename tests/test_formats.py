@@ -62,6 +62,14 @@ def test_a_backslash_cannot_undo_the_markdown_escapes():
     assert "<a " not in rendered and "evil.example" in rendered
 
 
+def test_bare_www_text_is_no_link():
+    """Red team: a solution named www.evil-example.com (a valid name) is a live link in GitHub's Markdown, whose
+    autolinks look for `www.` in the source; the escaped dot still reads as a dot."""
+    for name in ("www.evil-example.com", "fast_WWW.x"):
+        assert "www." not in markdown_text(name).lower()
+        assert name in MarkdownIt("commonmark").render(markdown_text(name))
+
+
 def test_no_solution_may_take_the_name_of_a_board_column():
     """Red team: a solution run by path as `best` or `workload` overwrote those columns of the board by workload and
     of `report`, and ended the JSON, HTML and by-workload boards of its hardware with a traceback."""

@@ -43,9 +43,13 @@ def fifo(path: Path) -> None:
     os.mkfifo(path / "pipe")
 
 
+def hard_link(path: Path) -> None:
+    os.link(path / "kernel.py", path.parent / f"{path.name}-kernel.py")
+
+
 # What each unreadable folder gets, and the start of the reason it gets.
 UNREADABLE = {"sparse": (sparse_file, "weights.bin is "), "bad_name": (bad_name, "'\\udcff\\udcfe.py': "),
-              "fifo": (fifo, "pipe is not a regular file")}
+              "fifo": (fifo, "pipe is not a regular file"), "hard_link": (hard_link, "kernel.py is a hard link")}
 
 
 @pytest.mark.parametrize("kind", UNREADABLE)

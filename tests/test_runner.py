@@ -374,12 +374,12 @@ def test_a_worker_is_hidden_the_repository_every_candidates_sources_the_traces_t
     options = RunOptions(trace_dir=tmp_path, cache_dir=tmp_path / "cache", isolation="process")
     config = JudgeConfig.for_run(repo.definition(DEFINITION), repo.root, repo.definition_path(DEFINITION), options,
                                  "", tuple(path for candidate in chosen for path in candidate.sources))
-    trees = (repo.root, Path(sandbox.SOURCE_ROOT))
+    trees = (repo.root, Path(sandbox.SOURCE_ROOT), repo.root / "solutions", repo.root / ".git")
     shared, fixed = FIXTURES.parent / "_shared" / "decode_support", (tmp_path, tmp_path / "cache", tmp_path / "home")
     assert config.hidden_from(solution) == (*trees, FIXTURES / "correct_dps", shared, FIXTURES / "raises", *fixed)
     assert config.hidden_from(other) == (*trees, FIXTURES / "raises", FIXTURES / "correct_dps", shared, *fixed)
     assert config.hidden_from(reference) == (*trees, FIXTURES / "correct_dps", shared, FIXTURES / "raises", *fixed)
-    shown = (tree / "references" / "flashmla_sparse" for tree in trees)
+    shown = (tree / "references" / "flashmla_sparse" for tree in trees[:2])
     assert config.shown() == tuple(folder for folder in shown if folder.is_dir()) and config.shown()
     monkeypatch.setenv("HOME", "/")
     assert config.hidden_from(reference)[-2:] == fixed[:2]

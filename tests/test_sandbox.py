@@ -597,13 +597,15 @@ def test_hidden_folders_show_only_what_is_bound_back_in_them(probe_dir, isolatio
 
 
 @pytest.mark.skipif(sandbox.source_checkout() is None, reason="flashbench runs from an installed package")
-def test_a_hidden_checkout_on_the_import_path_shows_the_package_alone(probe_dir, namespaces, host_dir):
+def test_a_hidden_checkout_on_the_import_path_shows_the_package_alone(probe_dir, namespaces, host_dir, monkeypatch):
     """The judge hides the checkout flashbench runs from (its git history holds every committed solution
-    and trace); a folder on the import path is bound back whole unless it is hidden itself, so of the
-    checkout the worker sees only the package it imports, and of another hidden folder on the path nothing."""
+    and trace); a folder on the import path or a tool's path is bound back whole unless it is hidden itself,
+    so of the checkout the worker sees only the package it imports, and of another hidden folder on the
+    paths nothing."""
     on_path = host_dir / "on_path"
     on_path.mkdir()
     (on_path / "secret").write_text("secret")
+    monkeypatch.setenv("PATH", os.pathsep.join([sandbox.SOURCE_ROOT, str(on_path), os.environ["PATH"]]))
     spec = sandbox.SandboxSpec(hidden=(sandbox.SOURCE_ROOT, str(on_path)))
 
     found = run_probe(probe_dir, namespaces, spec, "checkout", sandbox.SOURCE_ROOT, on_path,

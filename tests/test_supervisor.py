@@ -497,3 +497,14 @@ def test_a_start_that_cannot_make_its_descriptors_leaves_nothing(definition, tmp
         WorkerProcess.start(setup, DEFAULT_LEVEL, tmp_path / "workers", memory_limit_bytes=None)
     assert left_in(tmp_path / "workers") == []
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_worker_is_told_where_the_repository_is(tmp_path):
+    """The repository is hidden from a worker but for the FP8 quantize reference's folder, which its redraws load
+    by path: an installed flashbench has no checkout beside it, and the worker's working directory may lie outside
+    the repository, so it is told (a reviewer: every FP8 pair failed so)."""
+    from types import SimpleNamespace
+
+    told = supervisor._environment(SimpleNamespace(device="cpu"), tmp_path / "build", tmp_path / "repo")
+    assert told["FLASHBENCH_ROOT"] == str(tmp_path / "repo") and told["HOME"] == str(tmp_path / "build" / "home")
+    assert "FLASHBENCH_ROOT" not in supervisor._environment(SimpleNamespace(device="cpu"), tmp_path / "build", None)

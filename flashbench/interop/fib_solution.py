@@ -19,6 +19,7 @@ import yaml
 
 from ..build import folder_files
 from ..errors import FlashbenchError
+from ..model.definition import NAME_CHARS
 from ..model import Definition, Solution, parse_model
 from ..registry import SolutionFolder, load_solution_folder
 from ..validate import check_signature_statically, expected_parameters
@@ -31,7 +32,7 @@ NAME_MAX = 255  # bytes of one file name on Linux and macOS file systems
 
 def safe_name(name: str) -> str:
     """A name usable as a flashbench solution name and folder (FOLDER_NAME: none starts with '-' or '.')."""
-    return _UNSAFE.sub("_", name).lstrip("._-").rstrip("._") or "unnamed"
+    return _UNSAFE.sub("_", name).lstrip("._-")[:NAME_CHARS].rstrip("._") or "unnamed"
 
 
 @dataclass

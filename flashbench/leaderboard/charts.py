@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
-from matplotlib import colormaps, rc_context
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
@@ -44,19 +44,25 @@ def board_colours(boards: Iterable[Board]) -> dict[str, str]:
     return solution_colours(name for board in boards for name in board.ranking["solution"])
 
 
-# Names, workloads and devices come from trace files: text, never TeX (a solution named "$\\frac{$" ended
-# every chart with matplotlib's parse error).
-PLAIN_TEXT = {"text.parse_math": False}
+LEGEND_LABEL_CHARS = 40  # a longer name left no room for the axes: the chart collapsed and other entries fell out
+
+
+def _plain(*texts) -> None:
+    """Names, workloads and devices come from trace files: text, never TeX (a solution named "$\\frac{$" ended
+    every chart with matplotlib's parse error). Only those texts: the log axes' tick labels are matplotlib's TeX."""
+    for text in texts:
+        text.set_parse_math(False)
 
 
 def _legend(axes, entries: list) -> None:
     """A legend of (artist, label) pairs given explicitly: matplotlib leaves out of a legend it gathers itself every
     label that starts with '_', and a solution may be named so (`_fast`): its bars were drawn, unnamed."""
     if entries:
-        axes.legend([artist for artist, _ in entries], [label for _, label in entries], fontsize="small")
+        labels = [label if len(label) <= LEGEND_LABEL_CHARS else label[:LEGEND_LABEL_CHARS - 1] + "…"
+                  for _, label in entries]
+        _plain(*axes.legend([artist for artist, _ in entries], labels, fontsize="small").get_texts())
 
 
-@rc_context(PLAIN_TEXT)
 def latency_chart(board: Board, colours: dict[str, str] | None = None) -> bytes:
     """Grouped bars: one group per workload, one bar per solution (valid results only), log scale."""
     view = board.by_workload
@@ -75,13 +81,12 @@ def latency_chart(board: Board, colours: dict[str, str] | None = None) -> bytes:
     axes.set_yscale("log")
     axes.set_xticks(positions, view["workload"], rotation=30, ha="right")
     axes.set_ylabel("median latency (µs, log scale)")
-    axes.set_title(f"Latency per workload on {board.hardware_name}")
+    _plain(*axes.get_xticklabels(), axes.set_title(f"Latency per workload on {board.hardware_name}"))
     axes.set_xlabel("workload (no bar: failed, suspicious or not run)")
     _legend(axes, legend)
     return _png(figure)
 
 
-@rc_context(PLAIN_TEXT)
 def roofline_chart(board: Board, colours: dict[str, str] | None = None) -> bytes:
     """Achieved FLOP/s against arithmetic intensity (FLOPs / bytes), under the calibrated roofs. Host-clock
     timings of a CPU run are left out: no rate means anything there."""
@@ -113,7 +118,7 @@ def roofline_chart(board: Board, colours: dict[str, str] | None = None) -> bytes
         axes.set_yscale("log")
         _legend(axes, legend)
     roofs = "" if calibration else " (no calibration: roofs unknown)"
-    axes.set_title(f"Roofline on {board.hardware_name}{roofs}")
+    _plain(axes.set_title(f"Roofline on {board.hardware_name}{roofs}"))
     axes.set_xlabel("arithmetic intensity (FLOPs / byte)")
     axes.set_ylabel("achieved FLOP/s")
     return _png(figure)

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pandas as pd
 
@@ -97,11 +98,14 @@ def markdown_text(text: str) -> str:
     """Text from a trace (a solution's name, a device's, a message) shown as text in Markdown: one line of
     printable characters, no HTML and no cell break. A trace file, or an imported dataset's, may hold any
     string there: `<img onerror=...>`, a newline and a heading, a terminal's escape sequences, a link's
-    `[text](javascript:...)` got through. A backslash is escaped first: one written before a `|` or `[` cancelled the
-    escape added after it (`\\[text\\](https://...)` became a live link again)."""
+    `[text](javascript:...)` got through. A backslash is escaped first: one written before a `|` or `[`
+    cancelled the escape added after it (`\\[text\\](https://...)` became a live link again)."""
     escaped = printable_line(text).replace("\\", "\\\\")
     escaped = escaped.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return escaped.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
+    escaped = escaped.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
+    # GitHub's Markdown makes a link of bare `www.` text (a solution named www.example.com); an escaped dot is no
+    # longer the text its autolinks look for
+    return re.sub(r"(?i)(www)\.", r"\1\\.", escaped)
 
 
 def csv(boards: list[Board], by_workload: bool = False) -> str:

@@ -11,8 +11,11 @@ from ..expressions import COST_FUNCTIONS, Expression, parse
 
 _REFERENCE_PATH = re.compile(r"^[\w./-]+\.py$")
 # A name that is also a folder (solutions/<definition>/<name>/, solutions/_shared/<name>/): no path,
-# and never '.' or '..'. A workload's name is one too, or none.
-_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
+# and never '.' or '..'. A workload's name is one too, or none. At most NAME_CHARS: `submit` stages a
+# folder as `.<name>.incoming`, and a name of 600 characters ended it with the file system's ENAMETOOLONG
+# after its run, and crowded every chart's legend out.
+NAME_CHARS = 128
+_NAME = rf"[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{NAME_CHARS - 1}}}"
 FOLDER_NAME = rf"^{_NAME}$"
 FOLDER_NAME_OR_NONE = rf"^({_NAME})?$"
 SHARED_FOLDER = "_shared"  # solutions/_shared/<name>/: files that several solution folders use; no definition's name

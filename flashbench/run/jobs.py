@@ -76,8 +76,10 @@ class JudgeConfig:
         of the run was staged from (their notes are outside their hashes), the trace directory, the cache
         (other solutions' staged copies and builds, other workers' directories) and the runner's home. Its
         staged folder, its build directory, the flashbench package and `shown` are bound back."""
-        sources = dict.fromkeys((*candidate.sources, *self.sources))  # its own first, each once
-        return (*self._trees(), *sources, self.trace_dir, self.cache_dir, *_runner_home())
+        sources = dict.fromkeys((*candidate.sources, *self.sources))
+        # solutions/ and .git named too: a repository at / is never covered whole, and solutions/ may be a link
+        named = (self.root / "solutions", self.root / ".git")
+        return (*self._trees(), *named, *sources, self.trace_dir, self.cache_dir, *_runner_home())
 
     def shown(self) -> tuple[Path, ...]:
         """What a worker reads of the hidden trees: the folder of the FP8 cache format's quantize reference,
@@ -137,7 +139,8 @@ class JobJudge:
         try:
             worker = WorkerProcess.start(setup, self.config.isolation, self.config.cache_dir / "workers", memory_limit,
                                          self.config.hidden_from(candidate), self.config.shown(), account,
-                                         account.task_limit(len(self.options.devices or [device])), cpus)
+                                         account.task_limit(len(self.options.devices or [device])), cpus,
+                                         self.config.root)
         except OSError as exc:
             raise DeviceUnusable(f"its worker could not start: {exc}") from None
         except WorkerGone as gone:  # the candidate's doing (its setup), not the device's

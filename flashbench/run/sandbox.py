@@ -667,10 +667,10 @@ def _hidden(spec: SandboxSpec) -> list[str]:
 def _open_binds(spec: SandboxSpec, hidden: list[str]) -> list[tuple[str, int, bool]]:
     """(path, O_PATH descriptor, writable) for each directory to bind back, parents before children, so
     that a writable directory inside a readable one stays writable."""
-    # A directory on sys.path that is itself hidden (a checkout flashbench runs from) is not bound back whole: of
-    # it a worker imports the package alone.
-    imports = [path for path in map(os.path.realpath, _import_paths()) if path not in hidden]
-    readable = {os.path.realpath(path) for path in (*spec.readable, *imports, PACKAGE_DIR, *_toolchain_paths())}
+    # A directory on sys.path or a tool's path that is itself hidden (a checkout flashbench runs from) is not bound
+    # back whole: of a checkout a worker imports the package alone.
+    found = [path for path in map(os.path.realpath, (*_import_paths(), *_toolchain_paths())) if path not in hidden]
+    readable = {*map(os.path.realpath, (*spec.readable, PACKAGE_DIR)), *found}
     wanted = {path: False for path in readable if _covered(path) or any(_within(path, top) for top in hidden)}
     wanted.update({os.path.realpath(path): True for path in spec.writable})
     binds = []

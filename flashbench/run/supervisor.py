@@ -63,13 +63,16 @@ class WorkerProcess:
     def start(cls, setup: Setup, isolation: str, work_root: Path, memory_limit_bytes: int | None,
               hidden: tuple[Path, ...] = (), shown: tuple[Path, ...] = (),
               account: sandbox.WorkerAccount = sandbox.WorkerAccount(None),
-              task_limit: int | None = None, cpus: tuple[int, ...] | None = None) -> "WorkerProcess":
+              task_limit: int | None = None, cpus: tuple[int, ...] | None = None,
+              repository: Path | None = None) -> "WorkerProcess":
         """The worker may write only its exchange directory (its TMPDIR at level process) and the
         solution's own build directory; its log is a file it holds open but cannot reach by name. At the
         namespaces level the `hidden` directories are empty to it, but for its solution's folder, build and
         exchange directories and the `shown` ones. It runs as `account` says: a uid of its own owns the build
         and exchange directories.
-        `task_limit`: its RLIMIT_NPROC (WorkerAccount.task_limit), if any; `cpus`: its lane's CPUs (pool.lane_cpus).
+        `task_limit`: its RLIMIT_NPROC (WorkerAccount.task_limit), if any; `cpus`: its lane's CPUs (pool.lane_cpus);
+        `repository`: where it finds the FP8 quantize reference (FLASHBENCH_ROOT; its working directory may lie
+        outside the repository, and an installed flashbench has none beside it).
         It gets three descriptors: the request pipe, the reply pipe, and its end of the descriptor
         socket, on which a CPU job's arena (a sealed memfd) comes."""
         setup_frame = frame(setup)  # the worker refuses a larger first frame: say why before it starts
@@ -111,7 +114,7 @@ class WorkerProcess:
                 undo.callback(os.close, log_fd)
                 try:
                     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                               pass_fds=passed, env=_environment(setup, build_dir),
+                                               pass_fds=passed, env=_environment(setup, build_dir, repository),
                                                start_new_session=True, preexec_fn=_before_exec(account))
                 except subprocess.SubprocessError as exc:
                     # _before_exec failed (taking the uid): Popen says only "Exception occurred in preexec_fn",
@@ -335,13 +338,15 @@ def _pipe() -> tuple[int, int]:
     return read_fd, write_fd
 
 
-def _environment(setup: Setup, build_dir: Path) -> dict[str, str]:
+def _environment(setup: Setup, build_dir: Path, repository: Path | None) -> dict[str, str]:
     """Caches a solution's tools write (Triton, CUDA, nvcc, FlashInfer's JIT under ~/.cache) go to its
     own build directory, the only lasting place it can write."""
     extra = {
         "HOME": str(build_dir / "home"), "TRITON_CACHE_DIR": str(build_dir / "triton"),
         "CUDA_CACHE_PATH": str(build_dir / "nv"), "PYTHONDONTWRITEBYTECODE": "1",
     }
+    if repository is not None:
+        extra["FLASHBENCH_ROOT"] = str(repository.absolute())
     if setup.device == "cpu":
         extra["TRITON_INTERPRET"] = "1"  # Triton kernels run on the CPU under the interpreter
     return sandbox.worker_environment(extra)

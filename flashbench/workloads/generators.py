@@ -264,7 +264,7 @@ CODEBOOK_TOKENS = 2048  # distinct token contents in a generated cache
 @functools.cache
 def fp8_quantize() -> Callable[[torch.Tensor], torch.Tensor]:
     """The FP8 quantize reference's run: the one statement of the cache format, loaded by path
-    from this checkout (or the repository flashbench runs in)."""
+    from this checkout, else from the repository (find_root: a worker is told it in FLASHBENCH_ROOT)."""
     candidates = [Path(__file__).resolve().parents[2] / FP8_QUANTIZE_REFERENCE]
     try:
         from ..registry import find_root

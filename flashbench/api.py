@@ -32,7 +32,7 @@ from .errors import FlashbenchError
 from .model import REFERENCE, Definition, RunReport, Solution, Trace, Workload
 from .model.loading import validation_error
 from .model.run_report import HOST_CLOCK
-from .registry import Repo, SolutionFolder
+from .registry import Repo, SolutionFolder, use_root
 from .run import RunOptions, RunResult, Runner, default_device, parse_devices, select_solutions, select_workloads
 from .run.judge.evaluators import reference_sampler
 from .run.plan import solution_candidate
@@ -205,7 +205,10 @@ class Best:
 
 
 def load(root: Path | str | None = None) -> Registry:
-    """The repository at root; None: $FLASHBENCH_ROOT, else the nearest folder upwards holding definitions/."""
+    """The repository at root, which becomes this process's (registry.use_root: the FP8 quantize reference is
+    found there); None: $FLASHBENCH_ROOT, else the nearest folder upwards holding definitions/."""
+    if root is not None:
+        use_root(Path(root))
     return Registry(root)
 
 

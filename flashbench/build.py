@@ -96,8 +96,7 @@ def walk_folder(folder: Path) -> Iterator[tuple[str, Path, str | None]]:
             if not stat.S_ISREG(info.st_mode):  # a fifo, a socket, a device: reading could block or never end
                 raise FolderError(f"{relative} is not a regular file")
             if info.st_nlink > 1:  # its other names may lie anywhere: the judge staged a hidden trace file's bytes
-                raise FolderError(f"{relative} is a hard link ({info.st_nlink} names): a file of a solution folder "
-                                  "may have no other name")
+                raise FolderError(_hard_link(relative, info))
             if info.st_size > MAX_FILE_BYTES:
                 raise FolderError(f"{relative} is {info.st_size} bytes; a file may have {MAX_FILE_BYTES >> 20} MiB")
             total += info.st_size
@@ -121,6 +120,10 @@ def _follow_link(link: Path, root: Path, relative: str) -> tuple[Path, os.stat_r
     return target, info, None
 
 
+def _hard_link(shown: str, info: os.stat_result) -> str:
+    return f"{shown} is a hard link ({info.st_nlink} names): a file of a solution folder may have no other name"
+
+
 def _printable(name: str) -> bool:
     """Valid UTF-8 (Python decodes other bytes to lone surrogates) and no control characters: every name
     the judge hashes and shows in one-line messages."""
@@ -138,14 +141,18 @@ def _shown(path: object) -> str:
 
 def read_file(path: Path) -> bytes:
     """A regular file's bytes, at most MAX_FILE_BYTES: opened without following a link or blocking (the folder
-    may change after its walk), so no path can make the judge read a device, a fifo or /proc."""
+    may change after its walk), so no path can make the judge read a device, a fifo, /proc or, through a hard
+    link, a file outside the folder."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         raise FolderError(f"{_shown(path.name)} cannot be read: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise FolderError(f"{_shown(path.name)} is not a regular file")
+        if info.st_nlink > 1:  # linked since the walk
+            raise FolderError(_hard_link(_shown(path.name), info))
         data = file.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
         raise FolderError(f"{_shown(path.name)} is over the {MAX_FILE_BYTES >> 20} MiB a file may have")

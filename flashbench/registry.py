@@ -23,6 +23,7 @@ from .reference import load_reference
 
 DEFINITION_SUFFIXES = (".yaml", ".yml", ".json")
 WORKLOADS_SUFFIX = ".workloads.yaml"
+ROOT_VARIABLE = "FLASHBENCH_ROOT"
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,16 @@ class SolutionFolder:
         return files_hash(self.files)
 
 
+def use_root(root: Path) -> None:
+    """Makes `root` this process's repository for what finds it by itself (find_root: the FP8 quantize reference,
+    loaded by path where the inputs are made), as `--root` asks; the run's workers are told it too."""
+    os.environ[ROOT_VARIABLE] = str(Path(root).resolve())
+
+
 def find_root(start: Path | None = None) -> Path:
     """The repository root: $FLASHBENCH_ROOT, else the nearest folder upwards holding definitions/."""
-    if os.environ.get("FLASHBENCH_ROOT"):
-        return Path(os.environ["FLASHBENCH_ROOT"]).resolve()
+    if os.environ.get(ROOT_VARIABLE):
+        return Path(os.environ[ROOT_VARIABLE]).resolve()
     here = (start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
         if (folder / "definitions").is_dir():

@@ -34,6 +34,18 @@ def share_the_cores() -> None:
 share_the_cores()
 
 
+@pytest.fixture(autouse=True)
+def own_root_variable():
+    """`--root` and `flashbench.load(root)` point FLASHBENCH_ROOT at their repository for the rest of the process
+    (registry.use_root): each test gets the variable back as it found it, whatever order the tests run in."""
+    before = os.environ.get("FLASHBENCH_ROOT")
+    yield
+    if before is None:
+        os.environ.pop("FLASHBENCH_ROOT", None)
+    else:
+        os.environ["FLASHBENCH_ROOT"] = before
+
+
 OP_TYPE = "mla_paged"  # the definitions the runner tests use; other op types are left out
 
 

@@ -103,6 +103,8 @@ def test_a_hard_link_is_refused(folder, tmp_path):
     (folder / "sub" / "data.txt").unlink()
     os.link(folder / "kernel.py", folder / "sub" / "kernel_again.py")
     assert "hard link" in refusal(folder)
+    with pytest.raises(FolderError, match="kernel.py is a hard link"):  # made after the walk: refused when read
+        read_file(folder / "kernel.py")
 
 
 def test_a_link_loop_is_refused_not_followed(folder):

@@ -8,6 +8,7 @@ import yaml
 from click.testing import CliRunner
 
 from flashbench.cli import main
+from flashbench.registry import find_root
 
 REPO = Path(__file__).resolve().parents[1]
 DECODE = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -216,3 +217,13 @@ def test_usage_errors_are_one_line_and_exit_2(arguments, message):
 def test_bare_command_still_shows_the_help():
     result = CliRunner().invoke(main, [])
     assert "Commands:" in result.output and "run" in result.output
+
+
+def test_root_is_the_repository_of_everything_the_command_does(root, tmp_path, monkeypatch):
+    """What finds the repository by itself (the FP8 quantize reference, loaded by path where inputs are made) found
+    the working directory's, not `--root`'s: an installed flashbench run from outside the repository failed every
+    FP8 workload. `--root` now is the process's repository (and its workers are told it)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLASHBENCH_ROOT", str(tmp_path))
+    assert invoke(root, "list").exit_code == 0
+    assert find_root() == root.resolve()

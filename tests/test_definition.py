@@ -427,11 +427,14 @@ def test_no_definition_is_named_after_the_shared_folder():
 
 def test_a_name_is_at_most_128_characters():
     """Red team: a solution named with 600 characters ran and PASSED, then `submit` ended in ENAMETOOLONG staging
-    `.<name>.incoming`, and the charts' legends crowded out their axes. FlashInfer-Bench names are cut to fit."""
+    `.<name>.incoming`, and the charts' legends crowded out their axes. FlashInfer-Bench solution names are cut to
+    fit, each keeping a digest of its whole name (two names cut alike had one board row)."""
     from flashbench.interop.fib_solution import safe_name
 
     fields = {"definition": "d", "author": "a", "language": "python", "entry_point": "k.py::run"}
     assert Solution(name="x" * 128, **fields).name == "x" * 128
     with pytest.raises(ValueError, match="name"):
         Solution(name="x" * 129, **fields)
-    assert safe_name("y" * 300) == "y" * 128
+    cut = safe_name("y" * 300 + "A")
+    assert len(cut) == 128 and cut.startswith("y" * 119) and cut != safe_name("y" * 300 + "B")
+    Solution(name=cut, **fields)

@@ -62,12 +62,16 @@ def test_a_backslash_cannot_undo_the_markdown_escapes():
     assert "<a " not in rendered and "evil.example" in rendered
 
 
-def test_bare_www_text_is_no_link():
-    """Red team: a solution named www.evil-example.com (a valid name) is a live link in GitHub's Markdown, whose
-    autolinks look for `www.` in the source; the escaped dot still reads as a dot."""
-    for name in ("www.evil-example.com", "fast_WWW.x"):
-        assert "www." not in markdown_text(name).lower()
-        assert name in MarkdownIt("commonmark").render(markdown_text(name))
+def test_bare_links_are_no_links():
+    """Red team: a solution named www.evil-example.com (a valid name), a device `https://evil.example/x` or an
+    address are live links in GitHub's Markdown, whose autolinks look for `www.`, `http://`, `https://`,
+    `ftp://` and `a@b.c` in the source; escaped, the characters still read as themselves."""
+    for text in ("www.evil-example.com", "fast_WWW.x", "https://evil.example/x", "HTTP://x.y", "ftp://x.y",
+                 "me@evil.example"):
+        source = markdown_text(text)
+        assert not any(found in source.lower() for found in ("www.", "http:", "https:", "ftp:"))
+        assert "@" not in source.replace("\\@", "")
+        assert text in MarkdownIt("commonmark").render(source)
 
 
 def test_no_solution_may_take_the_name_of_a_board_column():

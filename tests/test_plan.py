@@ -161,6 +161,22 @@ def test_two_folders_of_one_run_may_not_share_a_name_with_other_code(tmp_path):
         select_solutions(repo, DEFINITION, [str(honest), str(twin)])
 
 
+def test_a_name_a_reader_takes_for_another_is_refused(tmp_path):
+    """`torch_vectorlzed` (an l for the i) or `torch_vect0rized` beside the repository's `torch_vectorized` are two
+    folders and two board rows that a reader takes for one (`torch_vectorIzed` is refused as differing in case);
+    so are `mine` and `rnine` within one run."""
+    repo = Repo(REPO)
+    for alike in ("torch_vectorlzed", "torch_vector1zed", "torch_vect0rized"):
+        folder = solution_folder(tmp_path / alike, alike)
+        with pytest.raises(FlashbenchError, match=f"'{alike}' reads as 'torch_vectorized' ") as refused:
+            select_solutions(repo, DEFINITION, [str(folder)])
+        assert refused.value.field == "name" and "\n" not in str(refused.value)
+    mine, rnine = solution_folder(tmp_path / "a" / "mine", "mine"), solution_folder(tmp_path / "b" / "rnine", "rnine")
+    with pytest.raises(FlashbenchError, match="'rnine' reads as 'mine'"):
+        select_solutions(repo, DEFINITION, [str(mine), str(rnine)])
+    assert [f.solution.name for f in select_solutions(repo, DEFINITION, [str(mine)])] == ["mine"]
+
+
 def test_a_name_differing_from_a_repository_solutions_only_in_case_is_refused(tmp_path):
     """On a case-insensitive file system Torch_vectorized and torch_vectorized are one folder: selecting a folder
     named so from elsewhere, or installing one (or a shared folder) beside the other, is refused with one line;

@@ -65,6 +65,9 @@ def fail(markup: str):
 def main(ctx, root):
     """flashbench: definitions, solutions and honest timing for GPU kernels."""
     ctx.obj = root
+    if root is not None:
+        from ..registry import use_root
+        use_root(root)
 
 
 def repo_from(ctx):

@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..interop import Summary, export_fib, import_fib
+from ..registry import use_root
 from ..traces import TIMING_METHODS
 from . import console, errors, main, repo_from
 
@@ -20,6 +21,7 @@ OUTCOME_STYLE = {"failed": "bold red", "skipped": "yellow", "ignored": "dim"}
 def root_of(ctx, root: Path | None) -> Path:
     if root is not None:
         ctx.obj = root
+        use_root(root)
     return repo_from(ctx).root
 
 

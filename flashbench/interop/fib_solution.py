@@ -31,8 +31,13 @@ NAME_MAX = 255  # bytes of one file name on Linux and macOS file systems
 
 
 def safe_name(name: str) -> str:
-    """A name usable as a flashbench solution name and folder (FOLDER_NAME: none starts with '-' or '.')."""
-    return _UNSAFE.sub("_", name).lstrip("._-")[:NAME_CHARS].rstrip("._") or "unnamed"
+    """A name usable as a flashbench solution name and folder (FOLDER_NAME: none starts with '-' or '.'). One
+    longer than NAME_CHARS keeps a digest of the whole name, so that two names alike in their first 128
+    characters stay two names (cut alike, one's traces went to the other's row)."""
+    safe = _UNSAFE.sub("_", name).lstrip("._-").rstrip("._") or "unnamed"
+    if len(safe) <= NAME_CHARS:
+        return safe
+    return safe[:NAME_CHARS - 9].rstrip("._") + "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
 
 
 @dataclass

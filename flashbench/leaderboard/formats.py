@@ -103,9 +103,11 @@ def markdown_text(text: str) -> str:
     escaped = printable_line(text).replace("\\", "\\\\")
     escaped = escaped.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     escaped = escaped.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
-    # GitHub's Markdown makes a link of bare `www.` text (a solution named www.example.com); an escaped dot is no
-    # longer the text its autolinks look for
-    return re.sub(r"(?i)(www)\.", r"\1\\.", escaped)
+    # GitHub's Markdown makes links of bare `www.`, `http://`, `https://`, `ftp://` and `a@b.c` text (a solution
+    # named www.example.com, a device https://...); an escaped dot, colon or at sign is no longer what it looks for
+    escaped = re.sub(r"(?i)(www)\.", r"\1\\.", escaped)
+    escaped = re.sub(r"(?i)(https?|ftp):", r"\1\\:", escaped)
+    return escaped.replace("@", "\\@")
 
 
 def csv(boards: list[Board], by_workload: bool = False) -> str:

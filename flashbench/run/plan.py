@@ -98,11 +98,25 @@ def select_solutions(repo: Repo, definition: str, selectors: list[str], cache_di
     return chosen
 
 
+# Characters and pairs a board's reader takes for one another in the names' ASCII (`flashmIa` for `flashmla`).
+_LOOK_ALIKE_CHARACTERS = str.maketrans({"i": "l", "1": "l", "0": "o"})
+_LOOK_ALIKE_PAIRS = (("rn", "m"), ("vv", "w"), ("cl", "d"))
+
+
+def look_alike(name: str) -> str:
+    """What `name` reads as: the same for two names a reader could take for one another."""
+    shape = name.lower().translate(_LOOK_ALIKE_CHARACTERS)
+    for pair, single in _LOOK_ALIKE_PAIRS:
+        shape = shape.replace(pair, single)
+    return shape
+
+
 def check_name_is_its_own(by_name: dict[str, SolutionFolder], folder: SolutionFolder) -> None:
     """Boards tell solutions apart by name: a folder from elsewhere that took the name of a repository
     folder or of another folder of the same run (`by_name`, of the same definition) holding other code
     would take that one's row, even with a failed run. A name differing from one of theirs only in case
-    is refused too: `submit` would install it over that folder on a case-insensitive file system."""
+    is refused too: `submit` would install it over that folder on a case-insensitive file system; and so is
+    one a reader takes for one of theirs (look_alike)."""
     name, manifest = folder.solution.name, folder.path / "solution.yaml"
     known = by_name.get(name)
     if known is not None and known.path.resolve() == folder.path.resolve():  # selected by name: itself
@@ -112,6 +126,10 @@ def check_name_is_its_own(by_name: dict[str, SolutionFolder], folder: SolutionFo
         raise FlashbenchError(f"the name {name!r} differs from {twin!r} ({by_name[twin].path}) only in case, and "
                               "on a case-insensitive file system the two are one folder; a solution needs a name of "
                               "its own", manifest, "name")
+    alike = next((other for other in by_name if other != name and look_alike(other) == look_alike(name)), None)
+    if alike is not None:
+        raise FlashbenchError(f"the name {name!r} reads as {alike!r} ({by_name[alike].path}) on a board; a solution "
+                              "needs a name of its own", manifest, "name")
     if known is not None and known.content_hash() != folder.content_hash():
         raise FlashbenchError(f"the name {name!r} is taken by {known.path}, which holds other code; a solution "
                               "from elsewhere needs a name of its own", manifest, "name")

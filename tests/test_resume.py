@@ -18,13 +18,22 @@ FIXTURES = Path(__file__).parent / "fixtures" / "solutions" / DEFINITION
 
 
 def trace(status, message=""):
-    return make_trace("s", "w", status=status).model_copy(update={"message": message})
+    """As the judge records it: a PASSED with its time."""
+    latency = 1.0 if status == "PASSED" else None
+    return make_trace("s", "w", latency_ms=latency, status=status).model_copy(update={"message": message})
 
 
 @pytest.mark.parametrize("status", ["PASSED", "INCORRECT_NUMERICAL", "INCORRECT_SHAPE", "RUNTIME_ERROR", "TIMEOUT",
                                     "CRASHED", "REJECTED", "COMPILE_ERROR", "INVALID_SOLUTION"])
 def test_outcomes_of_the_solution_are_settled(status):
     assert settled(trace(status, "anything, even: nvcc: not found"))
+
+
+def test_a_pass_without_a_time_runs_again():
+    """A red team appended a PASSED line with no performance for a pair that had failed: --resume kept it. The
+    judge never writes a PASSED without a time."""
+    assert not settled(trace("PASSED").model_copy(update={"performance": None}))
+    assert settled(trace("RUNTIME_ERROR").model_copy(update={"performance": None}))
 
 
 def test_a_missing_dependency_runs_again():

@@ -30,7 +30,9 @@ def settled(trace: Trace, isolation: str | None = None, timing: dict | None = No
         return False
     if isolation is not None and _strength(trace.isolation) < _strength(isolation):
         return False
-    recorded = trace.performance.timing if trace.performance is not None else None
+    if trace.performance is None:  # a failure; a PASSED without a time is no record the judge wrote
+        return trace.status != "PASSED"
+    recorded = trace.performance.timing
     return recorded is None or all(recorded.get(key) == value for key, value in (timing or {}).items())
 
 

@@ -34,16 +34,19 @@ def share_the_cores() -> None:
 share_the_cores()
 
 
+ROOT_AT_START = os.environ.get("FLASHBENCH_ROOT")
+
+
 @pytest.fixture(autouse=True)
 def own_root_variable():
     """`--root` and `flashbench.load(root)` point FLASHBENCH_ROOT at their repository for the rest of the process
-    (registry.use_root): each test gets the variable back as it found it, whatever order the tests run in."""
-    before = os.environ.get("FLASHBENCH_ROOT")
+    (registry.use_root): after each test the variable is as the session found it, whatever order the tests run
+    in (a module's fixture may have set it before the test began)."""
     yield
-    if before is None:
+    if ROOT_AT_START is None:
         os.environ.pop("FLASHBENCH_ROOT", None)
     else:
-        os.environ["FLASHBENCH_ROOT"] = before
+        os.environ["FLASHBENCH_ROOT"] = ROOT_AT_START
 
 
 OP_TYPE = "mla_paged"  # the definitions the runner tests use; other op types are left out

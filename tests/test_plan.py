@@ -162,19 +162,21 @@ def test_two_folders_of_one_run_may_not_share_a_name_with_other_code(tmp_path):
 
 
 def test_a_name_a_reader_takes_for_another_is_refused(tmp_path):
-    """`torch_vectorlzed` (an l for the i) or `torch_vect0rized` beside the repository's `torch_vectorized` are two
-    folders and two board rows that a reader takes for one (`torch_vectorIzed` is refused as differing in case);
-    so are `mine` and `rnine` within one run."""
+    """`triton_spIitkv` (a capital i for the l), `torch_vect0rized` or `torch-vectorized` beside the repository's
+    `triton_splitkv` and `torch_vectorized` are two folders and two board rows that a reader takes for one; so are
+    `mine` and `rnine` within one run. Names apart only in a lowercase i and l, or in `ci` and `d`, are not."""
     repo = Repo(REPO)
-    for alike in ("torch_vectorlzed", "torch_vector1zed", "torch_vect0rized"):
+    for alike, taken in (("triton_spIitkv", "triton_splitkv"), ("torch_vect0rized", "torch_vectorized"),
+                         ("torch-vectorized", "torch_vectorized"), ("torch__vectorized", "torch_vectorized")):
         folder = solution_folder(tmp_path / alike, alike)
-        with pytest.raises(FlashbenchError, match=f"'{alike}' reads as 'torch_vectorized' ") as refused:
+        with pytest.raises(FlashbenchError, match=f"'{alike}' reads as '{taken}' ") as refused:
             select_solutions(repo, DEFINITION, [str(folder)])
         assert refused.value.field == "name" and "\n" not in str(refused.value)
     mine, rnine = solution_folder(tmp_path / "a" / "mine", "mine"), solution_folder(tmp_path / "b" / "rnine", "rnine")
     with pytest.raises(FlashbenchError, match="'rnine' reads as 'mine'"):
         select_solutions(repo, DEFINITION, [str(mine), str(rnine)])
-    assert [f.solution.name for f in select_solutions(repo, DEFINITION, [str(mine)])] == ["mine"]
+    apart = [solution_folder(tmp_path / name, name) for name in ("fill", "fiil", "precise", "predse")]
+    assert len(select_solutions(repo, DEFINITION, [str(folder) for folder in apart])) == 4
 
 
 def test_a_name_differing_from_a_repository_solutions_only_in_case_is_refused(tmp_path):

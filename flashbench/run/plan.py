@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -98,17 +99,19 @@ def select_solutions(repo: Repo, definition: str, selectors: list[str], cache_di
     return chosen
 
 
-# Characters and pairs a board's reader takes for one another in the names' ASCII (`flashmIa` for `flashmla`).
-_LOOK_ALIKE_CHARACTERS = str.maketrans({"i": "l", "1": "l", "0": "o"})
+# What a board's reader takes for one another in the names' ASCII (`torch_vectorlzed` for `torch_vectorized`):
+# characters as written (a capital I for an l; case apart, a lowercase i reads as itself), then letter pairs, then
+# separators and their runs.
+_LOOK_ALIKE_CHARACTERS = str.maketrans({"I": "l", "1": "l", "O": "o", "0": "o", "-": "_", ".": "_"})
 _LOOK_ALIKE_PAIRS = (("rn", "m"), ("vv", "w"), ("cl", "d"))
 
 
 def look_alike(name: str) -> str:
     """What `name` reads as: the same for two names a reader could take for one another."""
-    shape = name.lower().translate(_LOOK_ALIKE_CHARACTERS)
+    shape = name.translate(_LOOK_ALIKE_CHARACTERS).lower()
     for pair, single in _LOOK_ALIKE_PAIRS:
         shape = shape.replace(pair, single)
-    return shape
+    return re.sub("_+", "_", shape)
 
 
 def check_name_is_its_own(by_name: dict[str, SolutionFolder], folder: SolutionFolder) -> None:

@@ -14,6 +14,7 @@ cache, workload files) are the driver's: the workers must see the same file syst
 from pydantic import BaseModel, ValidationError
 
 from ..errors import FlashbenchError
+from ..registry import use_root
 from .jobs import DeviceUnusable, JobJudge, JudgeConfig
 from .plan import Job
 from .pool import lane_cpus
@@ -38,6 +39,7 @@ def import_ray():
 
 def job_task(config: JudgeConfig, job: Job, device: str) -> str:
     """On a Ray worker: one job in a fresh sandboxed worker, which is closed after it."""
+    use_root(config.root)  # the inputs made here find the FP8 quantize reference in the run's repository
     judge = JobJudge(config)
     try:
         environment = judge.environment_of(device)

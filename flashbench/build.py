@@ -58,8 +58,8 @@ def walk_folder(folder: Path) -> Iterator[tuple[str, Path, str | None]]:
     anything is read. A link leading to a file inside the folder is that file (read at its real path); any
     other link (leading out, to a folder, or nowhere) is never followed: it comes with a problem saying why,
     is hashed as a link (files_hash) and refused before a worker starts (folder_problem). FolderError
-    for anything else that is not a plain file or folder, a file with other names (a hard link), a name that
-    is not printable UTF-8, or a folder past the limits."""
+    for anything else that is not a plain file or folder, a file with other names (a hard link), version
+    control's files (VERSION_CONTROL_NAMES), a name that is not printable UTF-8, or a folder past the limits."""
     root = Path(os.path.realpath(folder))
     entries = total = 0
     pending = [Path(folder)]
@@ -80,6 +80,9 @@ def walk_folder(folder: Path) -> Iterator[tuple[str, Path, str | None]]:
                 raise FolderError(f"{_shown(relative)}: a file name must be printable UTF-8")
             if item.name == "__pycache__":
                 continue
+            if is_version_control(item.name):
+                raise FolderError(f"{relative}: version control's files have no place in a solution folder (git acts "
+                                  "on them where the folder is installed)")
             try:
                 info = item.stat(follow_symlinks=False)
             except OSError as exc:  # gone since it was listed
@@ -103,6 +106,17 @@ def walk_folder(folder: Path) -> Iterator[tuple[str, Path, str | None]]:
             if total > MAX_TOTAL_BYTES:
                 raise FolderError(f"the solution folder's files are over the {MAX_TOTAL_BYTES >> 20} MiB they may have")
             yield relative, path, None
+
+
+# A folder's own git repository (a `core.fsmonitor` in its config ran a command of the submitter's as whoever
+# typed `git status` in the installed folder) and git's control files (a `.gitignore` kept the file that computed
+# out of the commit, a `.gitattributes` hid the code from review diffs): refused at any depth, notes included.
+VERSION_CONTROL_NAMES = frozenset({".git", ".gitmodules", ".gitignore", ".gitattributes", ".hg", ".hgignore"})
+
+
+def is_version_control(name: str) -> bool:
+    """Compared without case: on a case-insensitive file system `.GIT` is `.git`."""
+    return name.lower() in VERSION_CONTROL_NAMES
 
 
 def _follow_link(link: Path, root: Path, relative: str) -> tuple[Path, os.stat_result | None, str | None]:

@@ -8,9 +8,12 @@ a newline before the next append.
 """
 
 import contextlib
+import errno
 import fcntl
+import hashlib
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 
@@ -55,7 +58,7 @@ def sole_writer(trace_dir: Path):
     it did not write under its trace directory for a forgery and sets it aside, so two runs side by side would
     set aside each other's records. The directory is locked for this writer alone and each folder above it for
     writers below it (a run into traces/ watches traces/imported/x/ too); released when the holder ends, however
-    it ends (locks on the folders, this machine's own)."""
+    it ends (this machine's own locks, on files of LOCK_DIR that stand for the folders)."""
     try:
         trace_dir.mkdir(parents=True, exist_ok=True)
         folder = trace_dir.resolve()
@@ -68,13 +71,19 @@ def sole_writer(trace_dir: Path):
         yield
 
 
+# The locks are taken on files of a folder of this user's under /tmp, one per folder locked, not on the folders: a
+# worker, which can read the folders, held a lock on a trace directory's parent for its whole life and made every
+# other run wait (a red team); at level namespaces a worker's /tmp is its own.
+LOCK_DIR = Path("/tmp") / f"flashbench-trace-locks-{os.getuid()}"
+
+
 def _lock(held: contextlib.ExitStack, folder: Path, kind: int, trace_dir: Path, required: bool) -> None:
     try:
-        descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        descriptor = os.open(_lock_file(folder), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        if not required:  # a folder above that cannot be read: no writer can lock it either
+        if not required:
             return
-        raise FlashbenchError(f"cannot write traces: {exc.strerror}", trace_dir) from None
+        raise FlashbenchError(f"cannot write traces: the lock for {folder}: {exc.strerror}", trace_dir) from None
     held.callback(os.close, descriptor)
     try:
         fcntl.flock(descriptor, kind | fcntl.LOCK_NB)
@@ -82,6 +91,19 @@ def _lock(held: contextlib.ExitStack, folder: Path, kind: int, trace_dir: Path, 
         print(f"waiting for another flashbench run writing traces under {folder} to end "
               f"(with another --trace-dir, not inside it, they run side by side)", file=sys.stderr, flush=True)
         fcntl.flock(descriptor, kind)
+
+
+def _lock_file(folder: Path) -> Path:
+    """The file that stands for `folder`'s lock, in LOCK_DIR, made for this user alone (a folder of that name
+    another user made, or a link, is refused)."""
+    try:
+        os.mkdir(LOCK_DIR, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(LOCK_DIR)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(errno.EPERM, f"{LOCK_DIR} is not a folder of this user's alone")
+    return LOCK_DIR / hashlib.sha256(os.fsencode(folder)).hexdigest()[:32]
 
 
 def append_trace(path: Path, trace: Trace) -> None:

@@ -107,6 +107,16 @@ def test_a_hard_link_is_refused(folder, tmp_path):
         read_file(folder / "kernel.py")
 
 
+@pytest.mark.parametrize("name", [".git/config", "docs/.git/config", ".GIT/config", ".gitignore", "sub/.gitattributes",
+                                  ".gitmodules", ".hg/hgrc"])
+def test_version_controls_files_are_refused_notes_included(folder, name):
+    """A red team submitted a folder holding `docs/.git/config` with `core.fsmonitor` set: `git status` in the
+    installed folder ran its command as the maintainer; a `.gitignore` kept the computing file out of the commit."""
+    (folder / name).parent.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("[core]\n\tfsmonitor = touch pwned\n")
+    assert "version control's files have no place in a solution folder" in refusal(folder)
+
+
 def test_a_link_loop_is_refused_not_followed(folder):
     (folder / "loop").symlink_to("loop")
     assert folder_problem(folder, solution()) == "loop is a link that leads nowhere (Too many levels of symbolic links)"

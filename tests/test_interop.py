@@ -698,9 +698,13 @@ def test_a_fib_solution_json_that_cannot_run_here_says_why(dataset, tmp_path):
 
 
 @pytest.mark.parametrize("sources", [{"main.py": "def run(): pass", ".": "x"},
-                                     {"main.py": "def run(): pass", "lib": "x", "lib/a.py": "y"}])
+                                     {"main.py": "def run(): pass", "lib": "x", "lib/a.py": "y"},
+                                     {"main.py": "def run(): pass", ".git/config": "[core]\n\tfsmonitor = x\n"},
+                                     {"main.py": "def run(): pass", "docs/.gitattributes": "* -diff\n"}])
 def test_a_fib_solution_json_whose_source_path_names_a_folder_says_why(tmp_path, sources):
-    """A source at "." (the folder itself) or at a path another source lies under ended in IsADirectoryError."""
+    """A source at "." (the folder itself) or at a path another source lies under ended in IsADirectoryError;
+    one under `.git` (a red team's dataset: its `core.fsmonitor` ran when `git status` was typed in the imported
+    folder) or another of version control's files was written."""
     odd = write(tmp_path / "odd.json", solution("x", "y", "python", sources, "main.py::run"))
     with pytest.raises(FlashbenchError, match="cannot be written inside a solution folder"):
         solution_from_fib_json(odd, tmp_path / "materialised")
@@ -893,6 +897,9 @@ def test_export_of_hostile_trace_lines_and_links_says_why_and_leaks_nothing(ours
     stray = read_traces(trace_file)[0].model_copy(update={"definition": other, "timestamp": "stray"})
     with open(trace_file, "a") as handle:
         handle.write(stray.model_dump_json() + "\n" + "[" * 100_000 + "\n")  # KeyError, RecursionError
+        # a red team: a list for a name ended the export in a TypeError; lines of no record naming solutions that
+        # clashed in FIB's one namespace stopped it ("rename one")
+        handle.write('{"solution": ["x"]}\n{"solution": "a"}\n')
     secret = tmp_path / "secret.txt"
     secret.write_text("the host's secret")
     folder = Repo(repo).solution_folders(definition)[0].path

@@ -1,6 +1,7 @@
 """Trace files (flashbench/traces.py): what a recorded trace holds, torn lines, odd characters, and
 refusing an unwritable trace directory before any work starts."""
 
+import fcntl
 import json
 import math
 import os
@@ -14,7 +15,8 @@ from flashbench.model import OutputError, Trace
 from flashbench.model.trace import printable_line, printable_lines
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
 from flashbench.model import loading
-from flashbench.traces import append_trace, check_writable, hardware_slug, read_traces, trace_path
+from flashbench import traces
+from flashbench.traces import append_trace, check_writable, hardware_slug, read_traces, sole_writer, trace_path
 
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
 FIXTURES = Path(__file__).parent / "fixtures" / "solutions" / DEFINITION
@@ -278,3 +280,19 @@ def test_a_record_the_disk_cannot_take_leaves_the_file_as_it_was_and_is_one_line
         append_trace(path, make_trace(1))
     assert "No space left on device" in str(failed.value) and "\n" not in str(failed.value)
     assert path.read_bytes() == before
+
+
+def test_a_lock_held_on_a_trace_folder_stalls_no_run(tmp_path):
+    """A red team's worker, which may read the folders above a trace directory, took `flock` on one for its whole life,
+    and every run writing under it waited. The runs' locks are on files of their own, where no worker reaches."""
+    trace_dir = tmp_path / "traces"
+    trace_dir.mkdir()
+    held = [os.open(folder, os.O_RDONLY | os.O_DIRECTORY) for folder in (tmp_path, trace_dir)]
+    try:
+        for descriptor in held:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with sole_writer(trace_dir):  # would wait forever on the folders' own locks
+            assert oct(traces.LOCK_DIR.stat().st_mode & 0o777) == "0o700"
+    finally:
+        for descriptor in held:
+            os.close(descriptor)

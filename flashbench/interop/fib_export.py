@@ -26,10 +26,8 @@ Written into a folder beside OUT_DIR and renamed into place once complete; strea
 definition's workloads and one trace at a time are in memory.
 """
 
-import contextlib
 import filecmp
 import hashlib
-import json
 import math
 import os
 import shutil
@@ -47,7 +45,7 @@ from ..model import REFERENCE, Definition, Trace, Workload
 from ..model.workload import SafetensorsInput, ScalarInput
 from ..reference import reference_source
 from ..registry import Repo, SolutionFolder
-from ..traces import TIMING_METHODS, trace_file_name
+from ..traces import TIMING_METHODS, read_traces, trace_file_name
 from ..workloads import generate_inputs
 from ..workloads.tensors import DEFAULT_RANDOM
 from . import fib_model as fib
@@ -114,10 +112,10 @@ class Exporter:
         for name in self.repo.names():
             pairs |= {(name, f.solution.name) for f in self.repo.solution_folders(name)}
             for path in self.trace_files.get(name, []):
-                for _, line in fib.read_jsonl_lines(path):
-                    with contextlib.suppress(ValueError, AttributeError, RecursionError):
-                        pairs.add((name, json.loads(line).get("solution")))
-        return {(d, s) for d, s in pairs if isinstance(s, str) and s != REFERENCE}
+                # Records alone, of this definition: a line `{"solution": ["x"]}` ended the export in a TypeError,
+                # and lines of no record named solutions that clashed and stopped it
+                pairs |= {(name, trace.solution) for trace in read_traces(path) if trace.definition == name}
+        return {(d, s) for d, s in pairs if s != REFERENCE}
 
 
 class DefinitionExport:

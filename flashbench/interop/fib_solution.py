@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-from ..build import folder_files
+from ..build import folder_files, is_version_control
 from ..errors import FlashbenchError
 from ..model.definition import NAME_CHARS
 from ..model import Definition, Solution, parse_model
@@ -145,7 +145,7 @@ def write_files(folder: Path, files: dict[str, str]) -> None:
         # "." (or "") names the folder itself, and a path another lies under names a folder: neither is a file.
         if (relative.is_absolute() or not relative.parts or ".." in relative.parts or str(relative) == "solution.yaml"
                 or any(relative in other.parents for other in relatives)
-                or any(len(part.encode()) > NAME_MAX for part in relative.parts)):
+                or any(len(part.encode()) > NAME_MAX or is_version_control(part) for part in relative.parts)):
             raise ValueError(f"sources: path {path!r} cannot be written inside a solution folder")
     folder.mkdir(parents=True)
     for path, text in files.items():

@@ -82,3 +82,30 @@ def test_no_exception_from_solution_code_ends_the_worker(monkeypatch):
         reply = worker.handle(Batch.model_construct(calls=[]))
         assert reply.status == "RUNTIME_ERROR", exc
         frame(reply)
+
+
+def test_a_cpu_worker_sets_the_allocator_before_any_solution_code(monkeypatch):
+    """A red team's solution that only set glibc's mallopt at import (keep what is freed, map no chunk) ranked
+    1.6-1.9x faster than the same code without: the harness's steps allocate every batch, and cold pages fell on the
+    honest solution's figure. The worker sets them itself for every CPU solution, before its code is loaded."""
+    from flashbench.run.worker import handler
+
+    order = []
+
+    class Libc:
+        def mallopt(self, parameter, value):
+            order.append(("mallopt", parameter, value))
+
+    def load_entry_point(folder, solution, build_dir):
+        order.append("load")
+
+    monkeypatch.setattr(handler.ctypes, "CDLL", lambda name: Libc())
+    monkeypatch.setattr(handler, "load_entry_point", load_entry_point)
+    worker = object.__new__(Worker)
+    for device in ("cpu", "cuda"):
+        order.clear()
+        worker.device = device
+        worker.setup = type("Setup", (), {"solution": None, "folder": "f", "build_dir": "b", "device": device})()
+        worker.build()
+        settings = [(handler.M_TRIM_THRESHOLD, 1 << 30), (handler.M_TOP_PAD, 64 << 20), (handler.M_MMAP_MAX, 0)]
+        assert order == ([("mallopt", *setting) for setting in settings] if device == "cpu" else []) + ["load"]

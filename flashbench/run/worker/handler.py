@@ -1,6 +1,7 @@
 """What a worker does with each request: probe the device, build the solution, open a job's
 arena, run batches of calls."""
 
+import ctypes
 import socket
 import traceback
 from collections.abc import Callable
@@ -118,6 +119,8 @@ class Worker:
 
     def build(self):
         solution = self.setup.solution
+        if torch.device(self.device).type == "cpu":
+            keep_freed_memory()
         try:
             self.entry = load_entry_point(Path(self.setup.folder), solution, Path(self.setup.build_dir))
         except BuildError as exc:
@@ -125,6 +128,22 @@ class Worker:
             status = "COMPILE_ERROR" if solution.language == "cuda" else "INVALID_SOLUTION"
             return failed(status, str, exc)
         return Ready()
+
+
+# glibc's mallopt parameters
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
+
+
+def keep_freed_memory() -> None:
+    """The allocator keeps what is freed and maps no chunk of its own, set before any solution code runs. A CPU
+    batch's steps allocate fresh tensors whose pages glibc by default maps and hands back, so each batch faulted
+    them in anew, and the judge, which subtracts its own warm run of the steps, charged that to the solution: one
+    that set these options itself at import ranked 1.6-1.9x faster than the same code without (a red team)."""
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "mallopt"):  # glibc
+        libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+        libc.mallopt(M_TOP_PAD, 64 << 20)
+        libc.mallopt(M_MMAP_MAX, 0)
 
 
 class Job:

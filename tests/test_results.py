@@ -113,3 +113,23 @@ def test_results_can_be_limited_to_one_isolation_level(tmp_path):
         append_trace(path, make_trace(solution, "w1", latency_ms=1.0).model_copy(update={"isolation": level}))
     assert list(read_results(tmp_path, "d")["solution"]) == ["sandboxed", "grouped", "older"]
     assert list(read_results(tmp_path, "d", isolation="namespaces")["solution"]) == ["sandboxed"]
+
+
+def test_a_folder_the_judge_would_not_read_makes_its_results_stale_not_the_board_end():
+    """A reviewer: one folder holding a `.gitignore` (refused since version control's files are) ended `leaderboard`
+    and `export-fib` for the whole definition with one line naming no folder."""
+    from types import SimpleNamespace
+
+    from flashbench.build import FolderError
+    from flashbench.leaderboard.results import UNREADABLE, solution_hashes
+
+    class Refused:
+        solution = SimpleNamespace(name="mine")
+
+        def content_hash(self):
+            raise FolderError(".gitignore: version control's files have no place in a solution folder")
+
+    hashes = solution_hashes(SimpleNamespace(solution_folders=lambda definition: [Refused()]), "d")
+    assert hashes == {"mine": UNREADABLE}
+    frame = mark_stale(pd.DataFrame({"solution": ["mine"], "solution_hash": ["0" * 32]}), hashes)
+    assert frame["stale"].tolist() == [True] and frame["in_repository"].tolist() == [False]

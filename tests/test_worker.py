@@ -107,5 +107,6 @@ def test_a_cpu_worker_sets_the_allocator_before_any_solution_code(monkeypatch):
         worker.device = device
         worker.setup = type("Setup", (), {"solution": None, "folder": "f", "build_dir": "b", "device": device})()
         worker.build()
-        settings = [(handler.M_TRIM_THRESHOLD, 1 << 30), (handler.M_TOP_PAD, 64 << 20), (handler.M_MMAP_MAX, 0)]
+        settings = [(handler.M_TRIM_THRESHOLD, 1 << 30), (handler.M_TOP_PAD, 64 << 20),
+                    (handler.M_MMAP_THRESHOLD, handler.MAPPED_FROM_BYTES)]
         assert order == ([("mallopt", *setting) for setting in settings] if device == "cpu" else []) + ["load"]

@@ -40,6 +40,7 @@ from pydantic import ValidationError
 from safetensors.torch import save_file
 
 from ..binding import BindingError, bind_axes
+from ..build import FolderError
 from ..errors import FlashbenchError
 from ..model import REFERENCE, Definition, Trace, Workload
 from ..model.workload import SafetensorsInput, ScalarInput
@@ -225,7 +226,11 @@ class DefinitionExport:
     def export_solution(self, folder: SolutionFolder) -> None:
         solution = folder.solution
         fib_name = self.exporter.names[(self.definition.name, solution.name)]
-        record, notes = folder_to_fib(folder, fib_name)
+        try:
+            record, notes = folder_to_fib(folder, fib_name)
+        except FolderError as exc:  # one folder the judge would not run stops no export
+            self.add("solution", "skipped", f"{folder.path}: {exc.message}")
+            return
         if fib_name != solution.name:
             notes.append(f"named {fib_name} in FIB: another definition has a solution {solution.name}")
         path = fib.solution_path(self.out, safe_name(solution.author), self.definition.op_type, self.definition.name,

@@ -7,7 +7,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from ..build import same_content
+from ..build import FolderError, same_content
 from ..model import Calibration, Performance, Trace
 from ..model.trace import printable_line
 from ..registry import Repo
@@ -128,9 +128,21 @@ def belonging(path: Path, definition: str) -> list[Trace]:
     return kept
 
 
+UNREADABLE = "unreadable"  # the current hash of a folder that cannot be read: not hex, so no record's
+
+
 def solution_hashes(repo: Repo, definition: str) -> dict[str, str]:
-    """The content hash of each solution folder of a definition as it is on disk now, by solution name."""
-    return {folder.solution.name: folder.content_hash() for folder in repo.solution_folders(definition)}
+    """The content hash of each solution folder of a definition as it is on disk now, by solution name; for a
+    folder the judge would not read (build.walk_folder), a mark no recorded hash matches, so its results show
+    as stale rather than the board ending (a `.gitignore` in one folder stopped every board)."""
+    return {folder.solution.name: _current_hash(folder) for folder in repo.solution_folders(definition)}
+
+
+def _current_hash(folder) -> str:
+    try:
+        return folder.content_hash()
+    except FolderError:
+        return UNREADABLE
 
 
 def mark_stale(frame: pd.DataFrame, current_hashes: Mapping[str, str] | None) -> pd.DataFrame:

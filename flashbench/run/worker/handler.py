@@ -131,19 +131,23 @@ class Worker:
 
 
 # glibc's mallopt parameters
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+# Chunks under this come from the heap and stay there once freed; larger ones are still mapped and given back
+# (with no mapped chunk at all, freed multi-GB tensors left holes the heap never returned, and a CPU worker under
+# its address-space limit ran out of memory: a reviewer).
+MAPPED_FROM_BYTES = 32 << 20
 
 
 def keep_freed_memory() -> None:
-    """The allocator keeps what is freed and maps no chunk of its own, set before any solution code runs. A CPU
-    batch's steps allocate fresh tensors whose pages glibc by default maps and hands back, so each batch faulted
-    them in anew, and the judge, which subtracts its own warm run of the steps, charged that to the solution: one
-    that set these options itself at import ranked 1.6-1.9x faster than the same code without (a red team)."""
+    """The allocator keeps what is freed, set before any solution code runs. A CPU batch's steps allocate fresh
+    tensors whose pages glibc by default maps and hands back, so each batch faulted them in anew, and the judge,
+    which subtracts its own warm run of the steps, charged that to the solution: one that set such options itself
+    at import ranked 1.6-1.9x faster than the same code without (a red team)."""
     libc = ctypes.CDLL(None)
     if hasattr(libc, "mallopt"):  # glibc
         libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
         libc.mallopt(M_TOP_PAD, 64 << 20)
-        libc.mallopt(M_MMAP_MAX, 0)
+        libc.mallopt(M_MMAP_THRESHOLD, MAPPED_FROM_BYTES)
 
 
 class Job:

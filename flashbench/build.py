@@ -82,7 +82,7 @@ def walk_folder(folder: Path) -> Iterator[tuple[str, Path, str | None]]:
                 continue
             if is_version_control(item.name):
                 raise FolderError(f"{relative}: version control's files have no place in a solution folder (git acts "
-                                  "on them where the folder is installed)")
+                                  "on them where the folder is installed; keep a solution's repository above it)")
             try:
                 info = item.stat(follow_symlinks=False)
             except OSError as exc:  # gone since it was listed

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..environment import usable_memory
+from ..registry import ROOT_VARIABLE
 from . import sandbox
 from .protocol import (MAX_FRAME_BYTES, BatchDone, Channel, ChannelClosed, ChannelTimeout, Failed, ProtocolError, Ready,
                        Setup, Stop, fd_socket_pair, frame, parse_reply, reply_limit, send_fd)
@@ -346,7 +347,7 @@ def _environment(setup: Setup, build_dir: Path, repository: Path | None) -> dict
         "CUDA_CACHE_PATH": str(build_dir / "nv"), "PYTHONDONTWRITEBYTECODE": "1",
     }
     if repository is not None:
-        extra["FLASHBENCH_ROOT"] = str(repository.absolute())
+        extra[ROOT_VARIABLE] = str(repository.absolute())
     if setup.device == "cpu":
         extra["TRITON_INTERPRET"] = "1"  # Triton kernels run on the CPU under the interpreter
     return sandbox.worker_environment(extra)

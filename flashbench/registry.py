@@ -10,6 +10,7 @@ Layout:
 
 import difflib
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
@@ -189,6 +190,51 @@ def case_twin(folder: Path) -> str | None:
 def case_twin_among(name: str, names: Iterable[str]) -> str | None:
     """The first of `names` that differs from `name` only in case (names are ASCII: model.definition.FOLDER_NAME)."""
     return next((other for other in names if other != name and other.lower() == name.lower()), None)
+
+
+# What a board's reader takes for one another in the names' ASCII (`torch_vectorlzed` for `torch_vectorized`):
+# characters as written (a capital I for an l; case apart, a lowercase i reads as itself), then letter pairs, then
+# separators and their runs.
+_LOOK_ALIKE_CHARACTERS = str.maketrans({"I": "l", "1": "l", "O": "o", "0": "o", "-": "_", ".": "_"})
+_LOOK_ALIKE_PAIRS = (("rn", "m"), ("vv", "w"), ("cl", "d"))
+
+
+def look_alike(name: str) -> str:
+    """What `name` reads as: the same for two names a reader could take for one another."""
+    shape = name.translate(_LOOK_ALIKE_CHARACTERS).lower()
+    for pair, single in _LOOK_ALIKE_PAIRS:
+        shape = shape.replace(pair, single)
+    return re.sub("_+", "_", shape)
+
+
+def look_alike_among(name: str, names: Iterable[str]) -> str | None:
+    """The first of `names`, other than `name`, that a board's reader takes for it (look_alike)."""
+    shape = look_alike(name)
+    return next((other for other in names if other != name and look_alike(other) == shape), None)
+
+
+def check_name_is_its_own(by_name: dict[str, SolutionFolder], folder: SolutionFolder) -> None:
+    """Boards tell solutions apart by name: a folder from elsewhere that took the name of a repository
+    folder or of another folder of the same run (`by_name`, of the same definition) holding other code
+    would take that one's row, even with a failed run. A name differing from one of theirs only in case
+    is refused too: `submit` would install it over that folder on a case-insensitive file system; and so is
+    one a reader takes for one of theirs (look_alike)."""
+    name, manifest = folder.solution.name, folder.path / "solution.yaml"
+    known = by_name.get(name)
+    if known is not None and known.path.resolve() == folder.path.resolve():  # selected by name: itself
+        return
+    twin = case_twin_among(name, by_name)
+    if twin is not None:
+        raise FlashbenchError(f"the name {name!r} differs from {twin!r} ({by_name[twin].path}) only in case, and "
+                              "on a case-insensitive file system the two are one folder; a solution needs a name of "
+                              "its own", manifest, "name")
+    alike = look_alike_among(name, by_name)
+    if alike is not None:
+        raise FlashbenchError(f"the name {name!r} reads as {alike!r} ({by_name[alike].path}) on a board; a solution "
+                              "needs a name of its own", manifest, "name")
+    if known is not None and known.content_hash() != folder.content_hash():
+        raise FlashbenchError(f"the name {name!r} is taken by {known.path}, which holds other code; a solution "
+                              "from elsewhere needs a name of its own", manifest, "name")
 
 
 class Repo:

@@ -9,7 +9,8 @@ from .build import FolderError, folder_problem, read_file
 from .errors import FlashbenchError
 from .model import Solution, Workload, WorkloadSet, read_document
 from .model.loading import parse_records
-from .registry import WORKLOADS_SUFFIX, Repo, is_definition_file, load_definition_file, load_solution_folder
+from .registry import (WORKLOADS_SUFFIX, Repo, check_name_is_its_own, is_definition_file, load_definition_file,
+                       load_solution_folder)
 from .workloads import workload_problem
 
 
@@ -116,6 +117,9 @@ def _check_solution(repo: Repo, path: Path) -> None:
         raise FlashbenchError(
             f"names definition {definition.name!r} but sits under solutions/{path.parent.name}/", manifest, "definition"
         )
+    # a name a run refuses: the definition's other folders' (their names, or what a board's reader takes for them)
+    others = {f.solution.name: f for f in repo.solution_folders(definition.name) if f.path.resolve() != path.resolve()}
+    check_name_is_its_own(others, folder)
     if solution.language != "cuda":
         expected = expected_parameters(definition, solution)
         check_signature_statically(folder.entry_path, solution.entry_function, expected, manifest)

@@ -484,6 +484,24 @@ def test_a_dataset_cannot_add_a_folder_named_like_one_here_but_for_case(tmp_path
     assert "py_loop_v2" in lowered and len(lowered) == len(set(lowered))  # one of the two, and no two alike
 
 
+def test_a_dataset_cannot_add_a_folder_whose_name_reads_as_one_here(tmp_path):
+    """`py_Ioop` (a capital i for the l) beside `py_loop` is two board rows a reader takes for one, as `pyloop_2`
+    and `pyl00p_2` of one dataset are (the first by name is imported): a run refuses such a folder from elsewhere, and the import skips it."""
+    dataset = make_dataset(tmp_path / "fib")
+    repo = empty_repo(tmp_path / "repo")
+    import_fib(dataset, repo, "fib")
+    source = dataset / "solutions/alice/mla_paged" / DEF / "py_loop.json"
+    record = json.loads(source.read_text())
+    for name in ("py_Ioop", "pyloop_2", "pyl00p_2"):
+        (source.parent / f"{name}.json").write_text(json.dumps(record | {"name": name}))
+    summary = import_fib(dataset, repo, "again")
+    skipped = rows(summary, DEF, "solution", "skipped")
+    assert any("the name py_Ioop reads as py_loop on a board" in why for why in skipped)
+    assert any("the name pyloop_2 reads as pyl00p_2 on a board" in why for why in skipped)  # in the order of names
+    names = {p.name for p in (repo / "solutions" / DEF).iterdir()}
+    assert "pyl00p_2" in names and not names & {"py_Ioop", "pyloop_2"}
+
+
 def test_a_dataset_trace_cannot_stand_for_the_reference(tmp_path):
     """On a board the reference is every speedup's denominator: only an export's side file may give it."""
     dataset = make_dataset(tmp_path / "fib")

@@ -148,6 +148,19 @@ def test_solution_folders_are_found(root):
     assert all(c.ok for c in validate(Repo(root), [root / "solutions"]))
 
 
+def test_validate_refuses_two_folders_a_reader_takes_for_one(root):
+    """`mine` and `rnine` under one definition are two board rows that read as one: a run refuses a folder
+    from elsewhere named so, and validate now says it of both repository folders; names apart pass."""
+    mine, rnine = add_solution(root, DECODE, DECODE, "mine"), add_solution(root, DECODE, DECODE, "rnine")
+    add_solution(root, DECODE, DECODE, "other")
+    results = {c.path: c for c in validate(Repo(root), [root / "solutions"])}
+    assert "'rnine' reads as 'mine'" in results[rnine].error and "'mine' reads as 'rnine'" in results[mine].error
+    assert results[root / "solutions" / DECODE / "other"].ok
+    outside = add_solution(root / "elsewhere", DECODE, DECODE, "0ther")
+    [checked] = validate(Repo(root), [outside])
+    assert "'0ther' reads as 'other'" in checked.error
+
+
 def test_solution_folder_under_the_wrong_definition(root):
     path = add_solution(root, DECODE, PREFILL)
     assert Repo(root).solution_folders(DECODE) == []

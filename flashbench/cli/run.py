@@ -21,7 +21,6 @@ from ..registry import load_solution_folder
 from ..traces import TIMING_METHODS
 from ..run import (RunOptions, RunResult, Runner, device_threads_left, install_solution, sandbox, select_solutions,
                    select_workloads)
-from ..run.plan import check_name_is_its_own
 from ..run.recipe import DEFAULT_FLUSH, FLUSH_METHODS
 from . import INTERRUPTED, console, errors, main, repo_from, shown
 
@@ -308,7 +307,6 @@ def submit(ctx, path, device, warmup, iters, seed, flush, checked_calls, timeout
         raise FlashbenchError(problems[0])
     folder = load_solution_folder(path.resolve())
     name = repo.resolve(folder.solution.definition)
-    check_name_is_its_own({f.solution.name: f for f in repo.solution_folders(name)}, folder)
     with human_output(as_json):
         result, interrupted = execute(repo, name, [folder], select_workloads(repo, name, ["smoke"], options.device), options)
         failed = [t for t in result.traces if t.solution == folder.solution.name and t.status != "PASSED"]

@@ -37,7 +37,7 @@ from ..model.loading import read_bounded, validation_error
 from ..model.solution import SHARED_FOLDER
 from ..model.workload import naming_clash
 from ..reference import reference_file
-from ..registry import WORKLOADS_SUFFIX, Repo, case_twin, load_solution_folder
+from ..registry import WORKLOADS_SUFFIX, Repo, case_twin, load_solution_folder, look_alike_among
 from ..traces import hardware_slug, read_traces, sole_writer, trace_file_name
 from ..validate import check_source_statically
 from ..workloads import workload_problem
@@ -384,6 +384,12 @@ class DefinitionImport:
         if plan.name.lower() in taken:  # in any case: one folder on a case-insensitive file system
             self.add("solution", "skipped",
                      f"{path}: a solution named {plan.name} (case aside) was already imported; skipped")
+            return unimported
+        present = self.root / "solutions" / self.name
+        here = [entry.name for entry in present.iterdir()] if present.is_dir() else []
+        alike = look_alike_among(plan.name, [n for n in [*taken, *here] if n.lower() != plan.name.lower()])  # case: below
+        if alike is not None:  # two board rows a reader takes for one (registry.look_alike)
+            self.add("solution", "skipped", f"{path}: the name {plan.name} reads as {alike} on a board; not imported")
             return unimported
         taken.add(plan.name.lower())
         shared, conflict = self.stage_shared(plan)

@@ -35,6 +35,10 @@ made it. Paths are relative to the repository root; a missing input is a one-lin
                                     events and the harness's steps per call it took away, with the readings that
                                     figure was the least of (performance.timing.steps_per_call_ms)
     moved OLD_FILE NEW_FILE         how far each latency moved in a re-recording, and whose content hash changed
+    ncu FILE...                     Nsight Compute's text reports of benchmarks/profile_solution.py, one per
+                                    file named DEFINITION__SOLUTION__WORKLOAD.txt (globs allowed): per kernel its
+                                    time, DRAM and SM throughput, busiest pipeline, launch and occupancy; the
+                                    device from nvidia_smi.csv beside the files
     flush_profile FILE              Nsight Compute's DRAM traffic of each decode kernel after each flush
                                     (`ncu ... --csv python benchmarks/l2_flush.py --profile > FILE`)
     keyed_flush FILE                the keyed flush's passes and whole flushes (`python benchmarks/keyed_flush.py
@@ -479,6 +483,58 @@ def build_flush_profile(file):
     return flush_profile_table(order, ordered), [f"`{rel(path)}`"], {"NVIDIA H200"} if ordered else set()
 
 
+NCU_KERNEL = re.compile(r"^  (?:void )?(?P<name>[A-Za-z_][\w:]*).*\((?P<grid>[\d, ]+)\)x\((?P<block>[\d, ]+)\), Context")
+NCU_METRIC = re.compile(r"^    (?P<metric>\S.*?)\s{2,}(?P<unit>\S*)\s+(?P<value>[\d,.]+)$")
+NCU_PIPELINE = re.compile(r"(?P<pipe>\w+) is the highest-utilized pipeline \((?P<pct>[\d.]+)%\)")
+NCU_TIME_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3}
+
+
+def ncu_kernels(text: str) -> list[dict]:
+    """The kernels of an Nsight Compute text report, in launch order, with their metrics by name."""
+    kernels: list[dict] = []
+    for line in text.splitlines():
+        if found := NCU_KERNEL.match(line):
+            kernels.append({"name": found["name"].rpartition("::")[2], "grid": found["grid"].replace(" ", ""),
+                            "block": found["block"].replace(" ", "")})
+        elif kernels and (found := NCU_METRIC.match(line)):
+            kernels[-1].setdefault(found["metric"], (float(found["value"].replace(",", "")), found["unit"]))
+        elif kernels and (found := NCU_PIPELINE.search(line)):
+            kernels[-1].setdefault("pipeline", f"{found['pipe']} {found['pct']}%")
+    return kernels
+
+
+def ncu_table(reports: dict[str, str]) -> str:
+    """reports: file stem (DEFINITION__SOLUTION__WORKLOAD) -> its text."""
+    rows = []
+    for stem, text in reports.items():
+        definition, solution, workload = stem.split("__")
+        for kernel in ncu_kernels(text):
+            value = lambda metric: kernel.get(metric, (None, ""))[0]  # noqa: E731
+            duration, unit = kernel.get("Duration", (None, "us"))
+            rows.append([definition, solution, workload, kernel["name"],
+                         us(duration * NCU_TIME_UNITS[unit]) if duration is not None else NONE,
+                         *(f"{value(m):.0f}" if value(m) is not None else NONE
+                           for m in ("DRAM Throughput", "Compute (SM) Throughput")),
+                         kernel.get("pipeline", NONE), f"{kernel['grid']} x {kernel['block']}",
+                         *(f"{value(m):.0f}" if value(m) is not None else NONE
+                           for m in ("Registers Per Thread", "Dynamic Shared Memory Per Block", "Achieved Occupancy"))])
+    return markdown(["definition", "solution", "workload", "kernel", "µs", "DRAM %", "SM %", "busiest pipeline",
+                     "grid x block", "registers", "dyn. smem KB", "occupancy %"], rows)
+
+
+def build_ncu(*file_or_glob):
+    paths = sorted({Path(found) for pattern in file_or_glob for found in glob.glob(str(path_of(pattern)))})
+    if not paths:
+        raise FlashbenchError(f"no Nsight Compute report matches {' '.join(file_or_glob) or 'nothing'}")
+    bad = [rel(path) for path in paths if path.stem.count("__") != 2]
+    if bad:
+        raise FlashbenchError(f"{bad[0]}: not named DEFINITION__SOLUTION__WORKLOAD.txt")
+    smi = {need(path.parent / "nvidia_smi.csv") for path in paths}
+    hardware = {line.split(",")[0].strip() for file in smi for line in file.read_text().splitlines()[1:] if line}
+    table = ncu_table({path.stem: path.read_text() for path in paths})
+    return table, [f"`{rel(path)}`" for path in paths] + [f"`{rel(file)}` (device)" for file in sorted(smi)], hardware
+
+
 def build_clocks(file, earlier):
     paths = [path_of(file), path_of(earlier)]
     traces, before = read(paths[0]), read(paths[1])
@@ -590,7 +646,7 @@ BUILDERS = {"flush": build_flush, "clocks": build_clocks, "adversarial": build_a
             "events_graph": build_events_graph, "repeat": build_repeat, "repeat_events": build_repeat_events,
             "moved": build_moved,
             "rejections": build_rejections, "clock_excess": build_clock_excess, "steps": build_steps,
-            "flush_profile": build_flush_profile, "keyed_flush": build_keyed_flush, "compare": build_compare,
+            "flush_profile": build_flush_profile, "ncu": build_ncu, "keyed_flush": build_keyed_flush, "compare": build_compare,
             "variants": build_variants}
 
 

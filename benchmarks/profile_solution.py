@@ -8,8 +8,8 @@ stages them, and its entry point loaded in this process: it is our own code, nev
         --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats \\
         python benchmarks/profile_solution.py flashmla_decode_causal_h128_ckv512_kpe64_ps64 triton_splitkv b128_l8192_sq1
 
-The ncu reports under docs/data/profile_h100/ were made by it, or (cuda_splitkv, flashmla) by a script that
-called the same kernels on the same shapes with inputs of its own.
+The ncu reports under docs/data/profile_h100/ were made by it (one file per DEFINITION__SOLUTION__WORKLOAD,
+read by `benchmarks/evidence_tables.py ncu`).
 """
 
 import shutil

@@ -5,6 +5,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 from trace_factory import CALIBRATION, make_trace
 
 from flashbench.model import Workload
@@ -240,3 +241,34 @@ def test_steps_gives_what_was_taken_away_against_the_jobs_own_readings():
     assert rows(table) == [["x", "small", "10.0", "320.0", "324.0", "326.0", "320.0", "6.0"],
                            ["y", "large", "10.0", "324.0", "324.0", "326.0", "—", "2.0"]]  # no reference, smoke, clocks
     assert last_line(table).startswith("The steps taken away lie a median 4.0 µs per call below")
+
+
+NCU_REPORT = """==PROF== Connected to process 1 (/usr/bin/python3)
+[1] python3@127.0.0.1
+  void ns::kernel_a<T, 4>(Params) (2, 1, 66)x(256, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: GPU Speed Of Light Throughput
+    ----------------------- ----------- ------------
+    DRAM Throughput                   %        72.42
+    Duration                         ms         1.25
+    Compute (SM) Throughput           %        74.84
+    OPT   Shared is the highest-utilized pipeline (74.8%) based on elapsed cycles in the workload, taking into
+    Registers Per Thread             register/thread             238
+    Dynamic Shared Memory Per Block      Kbyte/block          230.82
+    Achieved Occupancy                        %        12.42
+  _merge(Params) (128, 1, 16)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Duration                         us        15.81
+    DRAM Throughput                   %        65.67
+"""
+
+
+def test_ncu_gives_each_kernel_of_each_report_with_the_device_beside_them(tmp_path):
+    (tmp_path / "def_a__ours__big.txt").write_text(NCU_REPORT)
+    (tmp_path / "nvidia_smi.csv").write_text("name, clocks.current.sm [MHz]\nNVIDIA H100 80GB HBM3, 345 MHz\n")
+    table, sources, hardware = et.build_ncu(str(tmp_path / "*.txt"))
+    assert hardware == {"NVIDIA H100 80GB HBM3"} and len(sources) == 2
+    assert rows(table) == [
+        ["def_a", "ours", "big", "kernel_a", "1250.0", "72", "75", "Shared 74.8%", "2,1,66 x 256,1,1", "238", "231", "12"],
+        ["def_a", "ours", "big", "_merge", "15.8", "66", "—", "—", "128,1,16 x 128,1,1", "—", "—", "—"]]
+    (tmp_path / "unnamed.txt").write_text(NCU_REPORT)
+    with pytest.raises(et.FlashbenchError, match="not named DEFINITION__SOLUTION__WORKLOAD"):
+        et.build_ncu(str(tmp_path / "*.txt"))

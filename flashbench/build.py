@@ -16,7 +16,7 @@ import sys
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, Mapping, Sequence
 
-from .errors import FlashbenchError
+from .errors import FlashbenchError, shortened
 from .model import Solution
 from .model.solution import dependency_name
 
@@ -27,6 +27,11 @@ CACHE_DIR_NAME = ".flashbench-cache"
 MAX_ENTRIES = 5_000  # files, folders and links
 MAX_FILE_BYTES = 32 << 20
 MAX_TOTAL_BYTES = 128 << 20
+# Paths within a folder: the judge copies a folder under its cache (a deeper, longer prefix) and walks copies
+# with the standard library's recursive functions; 1,500 nested folders ended a run in a RecursionError, a path
+# of 4,091 bytes in ENAMETOOLONG once under the cache.
+MAX_DEPTH = 32  # names in one relative path
+MAX_PATH_BYTES = 1024  # of one relative path
 
 
 class BuildError(Exception):
@@ -78,6 +83,9 @@ def walk_folder(folder: Path) -> Iterator[tuple[str, Path, str | None]]:
             relative = path.relative_to(folder).as_posix()
             if not _printable(item.name):
                 raise FolderError(f"{_shown(relative)}: a file name must be printable UTF-8")
+            too_long = path_problem(relative)
+            if too_long:
+                raise FolderError(too_long)
             if item.name == "__pycache__":
                 continue
             if is_version_control(item.name):
@@ -112,6 +120,16 @@ def walk_folder(folder: Path) -> Iterator[tuple[str, Path, str | None]]:
 # typed `git status` in the installed folder) and git's control files (a `.gitignore` kept the file that computed
 # out of the commit, a `.gitattributes` hid the code from review diffs): refused at any depth, notes included.
 VERSION_CONTROL_NAMES = frozenset({".git", ".gitmodules", ".gitignore", ".gitattributes", ".hg", ".hgignore"})
+
+
+def path_problem(relative: str) -> str | None:
+    """Why a path relative to a solution folder is too deep or too long for one (MAX_DEPTH, MAX_PATH_BYTES)."""
+    depth, size = len(PurePosixPath(relative).parts), len(relative.encode())
+    if depth > MAX_DEPTH:
+        return f"{_shown(shortened(relative, 80))}: {depth} names deep; a path in a solution folder may have {MAX_DEPTH}"
+    if size > MAX_PATH_BYTES:
+        return f"{_shown(shortened(relative, 80))}: {size} bytes long; a path in a solution folder may have {MAX_PATH_BYTES}"
+    return None
 
 
 def is_version_control(name: str) -> bool:

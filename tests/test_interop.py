@@ -22,7 +22,8 @@ from flashbench.interop import Summary, export_fib, import_fib, imported_trace_d
 from flashbench.interop import staging
 from flashbench.interop.fib_export import definition_to_fib, evaluation_to_fib, fib_names
 from flashbench.interop.fib_import import definition_to_ours
-from flashbench.interop.fib_model import FibBuildSpec, FibDefinition
+from flashbench.interop.fib_model import FibBuildSpec, FibDefinition, FibSolution
+from flashbench.interop.fib_solution import plan_folder
 from flashbench.leaderboard import read_results
 from flashbench.model import Definition, OutputError, Performance, Trace
 from flashbench.registry import load_solution_folder
@@ -726,6 +727,29 @@ def test_a_fib_solution_json_whose_source_path_names_a_folder_says_why(tmp_path,
     odd = write(tmp_path / "odd.json", solution("x", "y", "python", sources, "main.py::run"))
     with pytest.raises(FlashbenchError, match="cannot be written inside a solution folder"):
         solution_from_fib_json(odd, tmp_path / "materialised")
+
+
+@pytest.mark.parametrize("path", ["d/" * 1500 + "x.py", "/".join(["p" * 250] * 17) + "/x.py"])
+def test_a_fib_solution_json_with_a_source_too_deep_or_too_long_says_why(tmp_path, path):
+    """1,500 nested folders ended the run in a RecursionError, a 4,268-byte path in ENAMETOOLONG: one line now."""
+    odd = write(tmp_path / "odd.json", solution("x", "y", "python", {"main.py": "def run(): pass", path: ""},
+                                               "main.py::run"))
+    with pytest.raises(FlashbenchError, match="names deep|bytes long") as refused:
+        solution_from_fib_json(odd, tmp_path / "materialised")
+    assert "\n" not in str(refused.value) and len(str(refused.value)) < 400
+
+
+def test_a_fib_manifest_of_yaml_aliases_is_refused_before_it_is_expanded(tmp_path):
+    """A 444-byte flashbench.manifest of nested aliases held the runner for minutes at 8 GB while an error message
+    quoted the list it expands to: it is refused as a folder's own solution.yaml is, and the spec used instead."""
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"{b}: &{b} [{', '.join(['*' + a] * 9)}]" for a, b in zip("abcdefghij", "bcdefghijk")]
+    manifest = "\n".join(levels + ["language: *k", "name: x", "definition: d", "entry_point: main.py::run"]) + "\n"
+    record = solution("x", "y", "python", {"main.py": "def run(): pass"}, "main.py::run")
+    record["flashbench"] = {"name": "x", "manifest": manifest, "solution_hash": "0", "shared": {}}
+    plan = plan_folder(FibSolution.model_validate(record))
+    assert any("flashbench.manifest not used" in note and "a YAML alias" in note for note in plan.notes)
+    assert "&a" not in plan.manifest
 
 
 # --- export ----------------------------------------------------------------------------------------

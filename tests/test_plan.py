@@ -47,9 +47,25 @@ def hard_link(path: Path) -> None:
     os.link(path / "kernel.py", path.parent / f"{path.name}-kernel.py")
 
 
+def deep(path: Path) -> None:
+    """1,500 nested folders ended the run in a RecursionError while staging."""
+    inner = path / "/".join(["d"] * 40)
+    inner.mkdir(parents=True)
+    (inner / "x.py").write_text("")
+
+
+def long_path(path: Path) -> None:
+    """A path that fits where the folder is but not under the cache (ENAMETOOLONG while staging)."""
+    inner = path / "/".join([name * 250 for name in "abcde"])
+    inner.mkdir(parents=True)
+    (inner / "x.py").write_text("")
+
+
 # What each unreadable folder gets, and the start of the reason it gets.
 UNREADABLE = {"sparse": (sparse_file, "weights.bin is "), "bad_name": (bad_name, "'\\udcff\\udcfe.py': "),
-              "fifo": (fifo, "pipe is not a regular file"), "hard_link": (hard_link, "kernel.py is a hard link")}
+              "fifo": (fifo, "pipe is not a regular file"), "hard_link": (hard_link, "kernel.py is a hard link"),
+              "deep": (deep, "d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d/d: 33 names deep"),
+              "long_path": (long_path, "aaaaaaaaaa")}
 
 
 @pytest.mark.parametrize("kind", UNREADABLE)

@@ -515,17 +515,26 @@ def test_on_a_gpu_a_worker_clock_far_below_the_judges_is_rejected():
     timed([2.0, 2.2], [0.01, 0.01, 0.01, 0.01], device="cpu").timing()  # on a CPU it is not judged
 
 
-@pytest.mark.parametrize("dtype, poison", [
-    (torch.bfloat16, math.nan), (torch.float32, math.nan), (torch.bool, True),
-    (torch.int32, torch.iinfo(torch.int32).min), (torch.int64, torch.iinfo(torch.int64).min),
-])
-def test_output_slots_are_poisoned_before_a_batch(dtype, poison):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn])
+def test_float_output_slots_are_poisoned_with_nan(dtype):
     tensor = torch.zeros(5, dtype=dtype)
     _poison(tensor)
-    if isinstance(poison, float) and math.isnan(poison):
-        assert torch.isnan(tensor.float()).all()
-    else:
-        assert (tensor == poison).all()
+    assert torch.isnan(tensor.float()).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.uint8, torch.int32, torch.int64, torch.uint64])
+def test_other_output_slots_are_poisoned_with_values_drawn_anew(dtype):
+    """A constant poison passed every element whose right value it was (int8's minimum is FP8's -0.0 byte, True
+    a mask's common value) without the solution writing it: the values now differ within a slot and from one
+    batch to the next, over the whole range of the dtype."""
+    first, second = torch.zeros(4096, dtype=dtype), torch.zeros(4096, dtype=dtype)
+    _poison(first)
+    _poison(second)
+    assert len(first.unique()) > 1 and not torch.equal(first, second)
+    if dtype != torch.bool:
+        values = first.to(torch.float64) if dtype != torch.uint64 else first.view(torch.int64).to(torch.float64)
+        assert (values < 0).any() or dtype in (torch.uint8, torch.uint64)  # not from a narrow range at zero
+        assert values.abs().max() > torch.iinfo(torch.int8).max or dtype in (torch.int8, torch.uint8)
 
 
 @pytest.fixture(scope="module")

@@ -17,16 +17,18 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-from ..build import folder_files, is_version_control
+from ..build import folder_files, is_version_control, path_problem
 from ..errors import FlashbenchError
 from ..model.definition import NAME_CHARS
 from ..model import Definition, Solution, parse_model
+from ..model.loading import parse_document
 from ..registry import SolutionFolder, load_solution_folder
 from ..validate import check_signature_statically, expected_parameters
 from . import fib_model as fib
 
 COMPILED_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+MANIFEST = Path("flashbench.manifest")  # how errors name a record's embedded solution.yaml
 NAME_MAX = 255  # bytes of one file name on Linux and macOS file systems
 
 
@@ -84,9 +86,9 @@ def plan_folder(record: fib.FibSolution, inline_shared: bool = False) -> FolderP
 
 def extension_mismatch(record: fib.FibSolution, ext: fib.SolutionExtension) -> str | None:
     """Why the exported solution.yaml no longer describes the record (edited since), or None."""
-    try:
-        ours = parse_model(Solution, yaml.safe_load(ext.manifest), "flashbench.manifest")
-    except (FlashbenchError, yaml.YAMLError) as exc:
+    try:  # a dataset's text, as untrusted as a folder's solution.yaml: no aliases, bounded nesting
+        ours = parse_model(Solution, parse_document(ext.manifest, MANIFEST, untrusted=True), MANIFEST)
+    except FlashbenchError as exc:
         return str(exc).splitlines()[0]
     spec = record.spec
     theirs = {"definition": record.definition, "entry_point": spec.entry_point,
@@ -107,7 +109,7 @@ def extension_mismatch(record: fib.FibSolution, ext: fib.SolutionExtension) -> s
 
 
 def without_shared(manifest: str) -> str:
-    data = yaml.safe_load(manifest)
+    data = parse_document(manifest, MANIFEST, untrusted=True)
     data.pop("shared", None)
     return yaml.safe_dump(data, sort_keys=False)
 
@@ -147,6 +149,9 @@ def write_files(folder: Path, files: dict[str, str]) -> None:
                 or any(relative in other.parents for other in relatives)
                 or any(len(part.encode()) > NAME_MAX or is_version_control(part) for part in relative.parts)):
             raise ValueError(f"sources: path {path!r} cannot be written inside a solution folder")
+        too_long = path_problem(str(relative))
+        if too_long:
+            raise ValueError(f"sources: {too_long}")
     folder.mkdir(parents=True)
     for path, text in files.items():
         _write(folder / path, text)

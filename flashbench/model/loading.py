@@ -2,6 +2,7 @@
 
 import json
 import re
+import reprlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -156,12 +157,18 @@ def validation_error(exc: ValidationError, path: Path) -> FlashbenchError:
     return _first_error(exc.errors(), path)
 
 
+# What a message quotes of a value: bounded while it is written, not cut after (the repr of a list of a
+# million items, which a few bytes of YAML aliases stand for, took minutes and gigabytes).
+_QUOTED = reprlib.Repr()
+_QUOTED.maxstring, _QUOTED.maxother, _QUOTED.maxlong = 200, 200, 60
+
+
 def _first_error(errors: list[dict], path: Path) -> FlashbenchError:
     error = errors[0]
     field = ".".join(str(part) for part in error["loc"]) or None
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "literal_error" and "input" in error:
-        message = f"{shortened(repr(error['input']))} is not allowed; {message.lower()}"
+        message = f"{shortened(_QUOTED.repr(error['input']))} is not allowed; {message.lower()}"
     if error["type"] == "extra_forbidden":
         message = "unknown key"
     lifted = _FIELD_PREFIX.match(message) if error["type"] == "value_error" else None

@@ -10,6 +10,7 @@ finally check the picked outputs against the reference on the same inputs.
 
 import math
 import random
+import secrets
 import statistics
 import time
 from collections.abc import Callable
@@ -557,12 +558,19 @@ class _Job:
 
 
 def _poison(tensor: torch.Tensor) -> None:
+    """What an output slot holds until the solution writes it: NaN where the dtype has one, which never passes;
+    elsewhere values drawn anew for each batch from a seed the worker never sees, never a constant it could
+    count on (int8's minimum was the byte of FP8's -0.0 and True a mask's common value: an element whose right
+    value it was passed unwritten)."""
     if is_float(str(tensor.dtype).removeprefix("torch.")):
         tensor.fill_(float("nan"))
-    elif tensor.dtype == torch.bool:
-        tensor.fill_(True)
+        return
+    generator = torch.Generator(tensor.device).manual_seed(secrets.randbits(63))
+    if tensor.dtype == torch.bool:
+        tensor.random_(0, 2, generator=generator)
     else:
-        tensor.fill_(torch.iinfo(tensor.dtype).min)
+        info = torch.iinfo(tensor.dtype)
+        tensor.random_(info.min, min(info.max, 2**63 - 1), generator=generator)  # uint64's top half: past a long
 
 
 def _synchronize(device: str) -> None:

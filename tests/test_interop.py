@@ -467,39 +467,37 @@ def test_a_dataset_cannot_replace_a_folder_by_naming_its_author(tmp_path):
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
 
 
-def test_a_dataset_cannot_add_a_folder_named_like_one_here_but_for_case(tmp_path):
-    """On a case-insensitive file system Py_loop is the folder py_loop: it is neither imported beside it nor
-    over it, and two records of one dataset whose names differ only in case give one folder."""
+def import_again_with_copies(tmp_path: Path, names: tuple[str, ...]) -> tuple[list[str], set[str]]:
+    """Imports the dataset, then again with copies of py_loop under `names`: the second import's skipped rows,
+    and the folders the definition then has."""
     dataset = make_dataset(tmp_path / "fib")
     repo = empty_repo(tmp_path / "repo")
     import_fib(dataset, repo, "fib")
     source = dataset / "solutions/alice/mla_paged" / DEF / "py_loop.json"
     record = json.loads(source.read_text())
-    for name in ("Py_loop", "PY_LOOP_V2", "py_loop_v2"):
+    for name in names:
         (source.parent / f"{name}.json").write_text(json.dumps(record | {"name": name}))
     summary = import_fib(dataset, repo, "again")
-    skipped = rows(summary, DEF, "solution", "skipped")
+    return rows(summary, DEF, "solution", "skipped"), {p.name for p in (repo / "solutions" / DEF).iterdir()}
+
+
+def test_a_dataset_cannot_add_a_folder_named_like_one_here_but_for_case(tmp_path):
+    """On a case-insensitive file system Py_loop is the folder py_loop: it is neither imported beside it nor
+    over it, and two records of one dataset whose names differ only in case give one folder."""
+    skipped, names = import_again_with_copies(tmp_path, ("Py_loop", "PY_LOOP_V2", "py_loop_v2"))
     assert any("Py_loop differs from" in why and "only in case" in why for why in skipped)
     assert any("(case aside) was already imported" in why for why in skipped)
-    lowered = [p.name.lower() for p in (repo / "solutions" / DEF).iterdir()]
+    lowered = [name.lower() for name in names]
     assert "py_loop_v2" in lowered and len(lowered) == len(set(lowered))  # one of the two, and no two alike
 
 
 def test_a_dataset_cannot_add_a_folder_whose_name_reads_as_one_here(tmp_path):
     """`py_Ioop` (a capital i for the l) beside `py_loop` is two board rows a reader takes for one, as `pyloop_2`
-    and `pyl00p_2` of one dataset are (the first by name is imported): a run refuses such a folder from elsewhere, and the import skips it."""
-    dataset = make_dataset(tmp_path / "fib")
-    repo = empty_repo(tmp_path / "repo")
-    import_fib(dataset, repo, "fib")
-    source = dataset / "solutions/alice/mla_paged" / DEF / "py_loop.json"
-    record = json.loads(source.read_text())
-    for name in ("py_Ioop", "pyloop_2", "pyl00p_2"):
-        (source.parent / f"{name}.json").write_text(json.dumps(record | {"name": name}))
-    summary = import_fib(dataset, repo, "again")
-    skipped = rows(summary, DEF, "solution", "skipped")
+    and `pyl00p_2` of one dataset are (the first by name is imported): a run refuses such a folder from
+    elsewhere, and the import skips it."""
+    skipped, names = import_again_with_copies(tmp_path, ("py_Ioop", "pyloop_2", "pyl00p_2"))
     assert any("the name py_Ioop reads as py_loop on a board" in why for why in skipped)
     assert any("the name pyloop_2 reads as pyl00p_2 on a board" in why for why in skipped)  # in the order of names
-    names = {p.name for p in (repo / "solutions" / DEF).iterdir()}
     assert "pyl00p_2" in names and not names & {"py_Ioop", "pyloop_2"}
 
 

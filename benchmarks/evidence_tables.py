@@ -486,7 +486,8 @@ def build_flush_profile(file):
 NCU_KERNEL = re.compile(r"^  (?:void )?(?P<name>[A-Za-z_][\w:]*).*\((?P<grid>[\d, ]+)\)x\((?P<block>[\d, ]+)\), Context")
 NCU_METRIC = re.compile(r"^    (?P<metric>\S.*?)\s{2,}(?P<unit>\S*)\s+(?P<value>[\d,.]+)$")
 NCU_PIPELINE = re.compile(r"(?P<pipe>\w+) is the highest-utilized pipeline \((?P<pct>[\d.]+)%\)")
-NCU_TIME_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3}
+NCU_TIME_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}  # to µs
+NCU_SIZE_UNITS = {"byte/block": 1e-3, "Kbyte/block": 1.0, "Mbyte/block": 1e3}  # to KB
 
 
 def ncu_kernels(text: str) -> list[dict]:
@@ -509,15 +510,18 @@ def ncu_table(reports: dict[str, str]) -> str:
     for stem, text in reports.items():
         definition, solution, workload = stem.split("__")
         for kernel in ncu_kernels(text):
-            value = lambda metric: kernel.get(metric, (None, ""))[0]  # noqa: E731
-            duration, unit = kernel.get("Duration", (None, "us"))
-            rows.append([definition, solution, workload, kernel["name"],
-                         us(duration * NCU_TIME_UNITS[unit]) if duration is not None else NONE,
-                         *(f"{value(m):.0f}" if value(m) is not None else NONE
-                           for m in ("DRAM Throughput", "Compute (SM) Throughput")),
-                         kernel.get("pipeline", NONE), f"{kernel['grid']} x {kernel['block']}",
-                         *(f"{value(m):.0f}" if value(m) is not None else NONE
-                           for m in ("Registers Per Thread", "Dynamic Shared Memory Per Block", "Achieved Occupancy"))])
+            def reading(metric: str, units: dict[str, float] | None = None, digits: int = 0) -> str:
+                value, unit = kernel.get(metric, (None, ""))
+                if value is None:
+                    return NONE
+                if units is not None and unit not in units:
+                    raise FlashbenchError(f"{stem}: {metric} in {unit!r}, which this table does not convert")
+                return f"{value * (units[unit] if units else 1):.{digits}f}"
+
+            rows.append([definition, solution, workload, kernel["name"], reading("Duration", NCU_TIME_UNITS, 1),
+                         reading("DRAM Throughput"), reading("Compute (SM) Throughput"), kernel.get("pipeline", NONE),
+                         f"{kernel['grid']} x {kernel['block']}", reading("Registers Per Thread"),
+                         reading("Dynamic Shared Memory Per Block", NCU_SIZE_UNITS, 1), reading("Achieved Occupancy")])
     return markdown(["definition", "solution", "workload", "kernel", "µs", "DRAM %", "SM %", "busiest pipeline",
                      "grid x block", "registers", "dyn. smem KB", "occupancy %"], rows)
 
@@ -646,8 +650,8 @@ BUILDERS = {"flush": build_flush, "clocks": build_clocks, "adversarial": build_a
             "events_graph": build_events_graph, "repeat": build_repeat, "repeat_events": build_repeat_events,
             "moved": build_moved,
             "rejections": build_rejections, "clock_excess": build_clock_excess, "steps": build_steps,
-            "flush_profile": build_flush_profile, "ncu": build_ncu, "keyed_flush": build_keyed_flush, "compare": build_compare,
-            "variants": build_variants}
+            "flush_profile": build_flush_profile, "ncu": build_ncu, "keyed_flush": build_keyed_flush,
+            "compare": build_compare, "variants": build_variants}
 
 
 def usage(name: str) -> str:

@@ -35,3 +35,8 @@ def nbytes(name: str, shape) -> int:
 
 def is_float(name: str) -> bool:
     return name.startswith("float") or name == "bfloat16"
+
+
+def has_nan(name: str) -> bool:
+    """Whether the float dtype (a definition's or torch's name) can hold a NaN: e2m1 has none."""
+    return is_float(name) and not name.startswith("float4")

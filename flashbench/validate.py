@@ -9,8 +9,8 @@ from .build import FolderError, folder_problem, read_file
 from .errors import FlashbenchError
 from .model import Solution, Workload, WorkloadSet, read_document
 from .model.loading import parse_records
-from .registry import (WORKLOADS_SUFFIX, Repo, check_name_is_its_own, is_definition_file, load_definition_file,
-                       load_solution_folder)
+from .registry import (WORKLOADS_SUFFIX, Repo, SolutionFolder, check_name_is_its_own, is_definition_file,
+                       load_definition_file, load_solution_folder)
 from .workloads import workload_problem
 
 
@@ -34,38 +34,70 @@ def validate(repo: Repo, paths: list[Path] | None = None) -> list[Checked]:
     """Check each path (a file or a folder, searched recursively); the whole repo when none is given."""
     targets = paths or [p for p in (repo.root / "definitions", repo.root / "solutions") if p.is_dir()]
     results = []
+    folders = _DefinitionFolders(repo)
     for target in targets:
         for path, kind in _discover(Path(target)):
-            results.append(_check(repo, path, kind))
+            results.append(_check(repo, path, kind, folders))
     return results
 
 
-def _discover(target: Path):
+def _discover(target: Path) -> Iterator[tuple[Path, str]]:
+    """What lies under `target`, depth first in name order, without recursion (1,500 nested folders under
+    solutions/_shared/ ended `validate` in a RecursionError); a folder that cannot be listed is one line."""
     if not target.exists():
         raise FlashbenchError("no such file or folder", target)
-    if target.is_dir() and (target / "solution.yaml").exists():  # a manifest that is no file is refused when read
-        yield target, "solution"
-        return
-    if not target.is_dir():
-        if target.name == "solution.yaml":
-            yield target.parent, "solution"
-        elif target.name.endswith(WORKLOADS_SUFFIX):
-            yield target, "workloads"
-        elif is_definition_file(target):
-            yield target, "definition"
-        return
-    for child in sorted(target.iterdir()):
-        if child.is_symlink() and child.is_dir():  # a link to a folder above it made the walk endless
-            continue
-        if child.is_dir() or child.name == "solution.yaml" or is_definition_file(child) or child.name.endswith(WORKLOADS_SUFFIX):
-            yield from _discover(child)
+    pending = [target]
+    while pending:
+        path = pending.pop()
+        try:
+            if path.is_dir() and (path / "solution.yaml").exists():  # a manifest that is no file is refused when read
+                yield path, "solution"
+            elif not path.is_dir():
+                found = _kind_of_file(path)
+                if found:
+                    yield found
+            else:
+                # a link to a folder above it made the walk endless
+                children = [child for child in sorted(path.iterdir()) if not (child.is_symlink() and child.is_dir())]
+                pending.extend(reversed([child for child in children if child.is_dir() or _kind_of_file(child)]))
+        except OSError as exc:
+            raise FlashbenchError(f"cannot be read: {exc.strerror}", path) from None
 
 
-def _check(repo: Repo, path: Path, kind: str) -> Checked:
+def _kind_of_file(path: Path) -> tuple[Path, str] | None:
+    if path.name == "solution.yaml":
+        return path.parent, "solution"
+    if path.name.endswith(WORKLOADS_SUFFIX):
+        return path, "workloads"
+    if is_definition_file(path):
+        return path, "definition"
+    return None
+
+
+class _DefinitionFolders:
+    """A definition's solution folders by their real paths, loaded once for a whole `validate` (once per folder
+    made validating a repository quadratic in its folders)."""
+
+    def __init__(self, repo: Repo):
+        self.repo = repo
+        self.loaded: dict[str, dict[Path, SolutionFolder]] = {}
+
+    def others(self, definition: str, path: Path) -> dict[str, SolutionFolder]:
+        """The definition's folders but the one at `path`, by solution name."""
+        if definition not in self.loaded:
+            self.loaded[definition] = {f.path.resolve(): f for f in self.repo.solution_folders(definition)}
+        itself = path.resolve()
+        return {f.solution.name: f for where, f in self.loaded[definition].items() if where != itself}
+
+
+def _check(repo: Repo, path: Path, kind: str, folders: _DefinitionFolders) -> Checked:
     try:
         if kind == "workloads":
             return Checked(path, kind, tuple(map(str, _check_workloads(repo, path))))
-        {"definition": _check_definition, "solution": _check_solution}[kind](repo, path)
+        if kind == "solution":
+            _check_solution(repo, path, folders)
+        else:
+            _check_definition(repo, path)
     except FlashbenchError as exc:
         return Checked(path, kind, (str(exc),))
     return Checked(path, kind)
@@ -99,7 +131,7 @@ def _check_workloads(repo: Repo, path: Path) -> list[FlashbenchError]:
     return problems
 
 
-def _check_solution(repo: Repo, path: Path) -> None:
+def _check_solution(repo: Repo, path: Path, folders: _DefinitionFolders) -> None:
     folder = load_solution_folder(path)
     solution = folder.solution
     manifest = path / "solution.yaml"
@@ -118,8 +150,7 @@ def _check_solution(repo: Repo, path: Path) -> None:
             f"names definition {definition.name!r} but sits under solutions/{path.parent.name}/", manifest, "definition"
         )
     # a name a run refuses: the definition's other folders' (their names, or what a board's reader takes for them)
-    others = {f.solution.name: f for f in repo.solution_folders(definition.name) if f.path.resolve() != path.resolve()}
-    check_name_is_its_own(others, folder)
+    check_name_is_its_own(folders.others(definition.name, path), folder)
     if solution.language != "cuda":
         expected = expected_parameters(definition, solution)
         check_signature_statically(folder.entry_path, solution.entry_function, expected, manifest)

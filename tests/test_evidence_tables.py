@@ -258,6 +258,7 @@ NCU_REPORT = """==PROF== Connected to process 1 (/usr/bin/python3)
   _merge(Params) (128, 1, 16)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
     Duration                         us        15.81
     DRAM Throughput                   %        65.67
+    Dynamic Shared Memory Per Block       byte/block               64
 """
 
 
@@ -267,8 +268,9 @@ def test_ncu_gives_each_kernel_of_each_report_with_the_device_beside_them(tmp_pa
     table, sources, hardware = et.build_ncu(str(tmp_path / "*.txt"))
     assert hardware == {"NVIDIA H100 80GB HBM3"} and len(sources) == 2
     assert rows(table) == [
-        ["def_a", "ours", "big", "kernel_a", "1250.0", "72", "75", "Shared 74.8%", "2,1,66 x 256,1,1", "238", "231", "12"],
-        ["def_a", "ours", "big", "_merge", "15.8", "66", "—", "—", "128,1,16 x 128,1,1", "—", "—", "—"]]
+        ["def_a", "ours", "big", "kernel_a", "1250.0", "72", "75", "Shared 74.8%", "2,1,66 x 256,1,1", "238",
+         "230.8", "12"],
+        ["def_a", "ours", "big", "_merge", "15.8", "66", "—", "—", "128,1,16 x 128,1,1", "—", "0.1", "—"]]  # bytes
     (tmp_path / "unnamed.txt").write_text(NCU_REPORT)
     with pytest.raises(et.FlashbenchError, match="not named DEFINITION__SOLUTION__WORKLOAD"):
         et.build_ncu(str(tmp_path / "*.txt"))

@@ -467,16 +467,20 @@ def test_a_dataset_cannot_replace_a_folder_by_naming_its_author(tmp_path):
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
 
 
-def import_again_with_copies(tmp_path: Path, names: tuple[str, ...]) -> tuple[list[str], set[str]]:
-    """Imports the dataset, then again with copies of py_loop under `names`: the second import's skipped rows,
-    and the folders the definition then has."""
+def import_again_with_copies(tmp_path: Path, names: tuple[str, ...], broken: tuple[str, ...] = ()
+                             ) -> tuple[list[str], set[str]]:
+    """Imports the dataset, then again with copies of py_loop under `names` (those in `broken` with an entry point
+    that names no function): the second import's skipped rows, and the folders the definition then has."""
     dataset = make_dataset(tmp_path / "fib")
     repo = empty_repo(tmp_path / "repo")
     import_fib(dataset, repo, "fib")
     source = dataset / "solutions/alice/mla_paged" / DEF / "py_loop.json"
     record = json.loads(source.read_text())
     for name in names:
-        (source.parent / f"{name}.json").write_text(json.dumps(record | {"name": name}))
+        copy = record | {"name": name}
+        if name in broken:
+            copy["spec"] = record["spec"] | {"entry_point": "main.py::nothing"}
+        (source.parent / f"{name}.json").write_text(json.dumps(copy))
     summary = import_fib(dataset, repo, "again")
     return rows(summary, DEF, "solution", "skipped"), {p.name for p in (repo / "solutions" / DEF).iterdir()}
 
@@ -495,10 +499,34 @@ def test_a_dataset_cannot_add_a_folder_whose_name_reads_as_one_here(tmp_path):
     """`py_Ioop` (a capital i for the l) beside `py_loop` is two board rows a reader takes for one, as `pyloop_2`
     and `pyl00p_2` of one dataset are (the first by name is imported): a run refuses such a folder from
     elsewhere, and the import skips it."""
-    skipped, names = import_again_with_copies(tmp_path, ("py_Ioop", "pyloop_2", "pyl00p_2"))
+    skipped, names = import_again_with_copies(tmp_path, ("py_Ioop", "pyloop_2", "pyl00p_2", "pyIoop_3", "pyloop_3",
+                                                         "py1oop_4", "pyloop_4"), broken=("py1oop_4",))
     assert any("the name py_Ioop reads as py_loop on a board" in why for why in skipped)
     assert any("the name pyloop_2 reads as pyl00p_2 on a board" in why for why in skipped)  # in the order of names
-    assert "pyl00p_2" in names and not names & {"py_Ioop", "pyloop_2"}
+    assert any("the name pyloop_3 reads as pyIoop_3 on a board" in why for why in skipped)  # a capital I: as written
+    assert any("py1oop_4" in why and "not imported" in why for why in skipped)  # skipped, so it holds no name
+    assert {"pyl00p_2", "pyIoop_3", "pyloop_4"} <= names and not names & {"py_Ioop", "pyloop_2", "pyloop_3"}
+
+
+def test_a_dataset_of_deeply_nested_folders_is_read_to_a_depth(tmp_path):
+    """pathlib's `**` recursed: 1,200 nested folders under solutions/ ended the import in a RecursionError. The
+    walk now stops 16 folders down, says so, and imports the rest."""
+    dataset = make_dataset(tmp_path / "fib")
+    here = os.getcwd()
+    os.chdir(dataset / "solutions")
+    try:
+        for _ in range(1200):
+            os.mkdir("d")
+            os.chdir("d")
+    finally:
+        os.chdir(here)
+    try:
+        summary = import_fib(dataset, empty_repo(tmp_path / "repo"), "fib")
+    finally:
+        for level in range(1200, 0, -1):  # deepest first: shutil.rmtree (pytest's cleanup) recurses too
+            os.rmdir(dataset / "solutions" / "/".join(["d"] * level))
+    assert any("more than 16 folders deep; not read" in why for why in rows(summary, "", "file", "ignored"))
+    assert rows(summary, DEF, "solution", "imported")
 
 
 def test_a_dataset_trace_cannot_stand_for_the_reference(tmp_path):

@@ -161,6 +161,40 @@ def test_validate_refuses_two_folders_a_reader_takes_for_one(root):
     assert "'0ther' reads as 'other'" in checked.error
 
 
+def test_validate_loads_a_definitions_folders_once(root, monkeypatch):
+    """Each folder's name is checked against the others: loading them all again for each made validating a
+    repository quadratic in its folders."""
+    for name in ("one", "two", "three"):
+        add_solution(root, DECODE, DECODE, name)
+    repo = Repo(root)
+    loads = []
+    real = Repo.solution_folders
+    monkeypatch.setattr(Repo, "solution_folders", lambda self, name: loads.append(name) or real(self, name))
+    assert all(c.ok for c in validate(repo, [root / "solutions"]))
+    assert loads == [DECODE]
+
+
+def test_validate_walks_deep_folders_without_recursion(root):
+    """1,500 nested folders under solutions/_shared/ ended `validate` in a RecursionError."""
+    deep = root / "solutions" / "_shared" / "deep"
+    deep.mkdir(parents=True)
+    here = os.getcwd()
+    os.chdir(deep)
+    try:
+        for _ in range(1500):
+            os.mkdir("d")
+            os.chdir("d")
+    finally:
+        os.chdir(here)
+    add_solution(root, DECODE, DECODE, "mine")
+    try:
+        results = validate(Repo(root), [root / "solutions"])
+    finally:
+        for level in range(1500, 0, -1):  # deepest first: shutil.rmtree (pytest's cleanup) recurses too
+            os.rmdir(deep / "/".join(["d"] * level))
+    assert [c.path.name for c in results] == ["mine"] and results[0].ok
+
+
 def test_solution_folder_under_the_wrong_definition(root):
     path = add_solution(root, DECODE, PREFILL)
     assert Repo(root).solution_folders(DECODE) == []

@@ -15,12 +15,15 @@ Importing twice adds nothing: workloads merge by uuid, traces by (solution, work
 
 import contextlib
 import filecmp
+import fnmatch
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -100,17 +103,45 @@ class Dataset:
                 | {s.definition for s in self.solutions.values()} | set(self.references))
 
 
+DATASET_DEPTH = 16  # folders below a pattern's `**`; FlashInfer-Bench's own layout uses three
+
+
 def dataset_files(root: Path, pattern: str, summary: Summary) -> list[Path]:
-    """The files under `root` that `pattern` matches and that are files of the dataset: a link out of it (to
-    /etc/passwd, to a file of the user's) is not read, nor a FIFO or a device (a link to /dev/zero is one
-    endless line), which hung the import; each is ignored with a note."""
+    """The files under `root` that `pattern` (`name`, `folder/*.ext` or `folder/**/*.ext`) matches and that are
+    files of the dataset: a link out of it (to /etc/passwd, to a file of the user's) is not read, nor a FIFO or
+    a device (a link to /dev/zero is one endless line), which hung the import; each is ignored with a note."""
     found = []
-    for path in sorted(root.glob(pattern)):
+    for path in sorted(_matching(root, pattern, summary)):
         if inside(root, path):
             found.append(path)
         elif not path.is_dir() or path.is_symlink():
             summary.add("", "file", "ignored", f"{path}: a link out of the dataset or not a regular file; not read")
     return found
+
+
+def _matching(root: Path, pattern: str, summary: Summary) -> Iterator[Path]:
+    """What `pattern` matches under `root`, walked without recursion and at most DATASET_DEPTH folders deep
+    below a `**` (pathlib's `**` recursed: 1,200 nested folders ended the import in a RecursionError); links
+    to folders are not walked into."""
+    folder, _, name = pattern.rpartition("/")
+    deep = folder == "**" or folder.endswith("/**")
+    pending = [(root / folder.removesuffix("**").rstrip("/"), 0)]
+    while pending:
+        directory, depth = pending.pop()
+        try:
+            with os.scandir(directory) as listing:
+                entries = list(listing)
+        except OSError:
+            continue  # no such folder, or not one
+        for entry in entries:
+            if fnmatch.fnmatchcase(entry.name, name):
+                yield Path(entry.path)
+            if deep and entry.is_dir(follow_symlinks=False):
+                if depth < DATASET_DEPTH:
+                    pending.append((Path(entry.path), depth + 1))
+                else:
+                    summary.add("", "file", "ignored", f"{entry.path}: more than {DATASET_DEPTH} folders deep; "
+                                                       "not read")
 
 
 def inside(root: Path, path: Path) -> bool:
@@ -366,32 +397,42 @@ class DefinitionImport:
     # --- solutions -------------------------------------------------------------------------------
 
     def stage_solutions(self, definition: Definition) -> None:
-        taken: set[str] = set()
+        taken: list[str] = []  # the names of this import's solutions imported (or found unchanged) so far
+        here = self.names_here()
         for fib_name, found in sorted(self.dataset.solutions.items()):
             if found.definition != self.name:
                 continue
             record = fib.read_json(fib.FibSolution, found.path)
             self.note_extra(found.path, record)
-            self.solutions[fib_name] = self.stage_solution(definition, record, found.path, taken)
+            self.solutions[fib_name] = self.stage_solution(definition, record, found.path, taken, here)
 
-    def stage_solution(self, definition: Definition, record: fib.FibSolution, path: Path, taken: set[str]) -> SolutionRef:
+    def names_here(self) -> set[str]:
+        """The names the repository's folders of the definition go by: each folder's and its manifest's."""
+        present = self.root / "solutions" / self.name
+        names = set()
+        for entry in sorted(present.iterdir()) if present.is_dir() else []:
+            names.add(entry.name)
+            with contextlib.suppress(FlashbenchError):
+                names.add(load_solution_folder(entry).solution.name)
+        return names
+
+    def stage_solution(self, definition: Definition, record: fib.FibSolution, path: Path, taken: list[str],
+                       here: set[str]) -> SolutionRef:
         unimported = SolutionRef(safe_name(record.name), record.author, record_digest(record))
         try:
             plan = plan_folder(record)
         except ValueError as exc:
             self.add("solution", "skipped", f"{path}: solution {record.name} not imported: {exc}")
             return unimported
-        if plan.name.lower() in taken:  # in any case: one folder on a case-insensitive file system
+        if any(name.lower() == plan.name.lower() for name in taken):  # one folder on a case-insensitive file system
             self.add("solution", "skipped",
                      f"{path}: a solution named {plan.name} (case aside) was already imported; skipped")
             return unimported
-        present = self.root / "solutions" / self.name
-        here = [entry.name for entry in present.iterdir()] if present.is_dir() else []
-        alike = look_alike_among(plan.name, [n for n in [*taken, *here] if n.lower() != plan.name.lower()])  # case: below
+        others = [name for name in [*taken, *sorted(here)] if name.lower() != plan.name.lower()]  # case: below
+        alike = look_alike_among(plan.name, others)
         if alike is not None:  # two board rows a reader takes for one (registry.look_alike)
             self.add("solution", "skipped", f"{path}: the name {plan.name} reads as {alike} on a board; not imported")
             return unimported
-        taken.add(plan.name.lower())
         shared, conflict = self.stage_shared(plan)
         if conflict:
             for folder in shared:
@@ -414,6 +455,7 @@ class DefinitionImport:
                                                 "to import this version)")
                 return unimported
             self.add("solution", "unchanged")
+            taken.append(plan.name)
             return SolutionRef(plan.name, record.author, load_solution_folder(existing).content_hash())
         digest = self.stage_folder(definition, plan, relative, path)
         if digest is None:
@@ -421,6 +463,7 @@ class DefinitionImport:
                 self.staging.drop(folder)
             return unimported
         self.add("solution", "imported", "; ".join(f"{record.name}: {note}" for note in plan.notes))
+        taken.append(plan.name)
         return SolutionRef(plan.name, record.author, digest)
 
     def stage_shared(self, plan: FolderPlan) -> tuple[list[Path], str | None]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
-from ..dtypes import is_float
+from ..dtypes import has_nan
 from ..model import OutputError, Status
 from . import sandbox
 from .arena import Arena, plan_layout, views
@@ -562,12 +562,14 @@ def _poison(tensor: torch.Tensor) -> None:
     elsewhere values drawn anew for each batch from a seed the worker never sees, never a constant it could
     count on (int8's minimum was the byte of FP8's -0.0 and True a mask's common value: an element whose right
     value it was passed unwritten)."""
-    if is_float(str(tensor.dtype).removeprefix("torch.")):
+    if has_nan(str(tensor.dtype).removeprefix("torch.")):
         tensor.fill_(float("nan"))
         return
     generator = torch.Generator(tensor.device).manual_seed(secrets.randbits(63))
     if tensor.dtype == torch.bool:
         tensor.random_(0, 2, generator=generator)
+    elif tensor.dtype.is_floating_point:  # packed FP4: every byte is two numbers
+        tensor.view(torch.uint8).random_(0, 256, generator=generator)
     else:
         info = torch.iinfo(tensor.dtype)
         tensor.random_(info.min, min(info.max, 2**63 - 1), generator=generator)  # uint64's top half: past a long

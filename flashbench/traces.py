@@ -42,14 +42,45 @@ def trace_path(trace_dir: Path, hardware: str, definition: str, timing: str = "e
     return Path(trace_dir) / hardware_slug(hardware) / trace_file_name(definition, timing)
 
 
-def check_writable(path: Path) -> None:
-    """Fail before any work starts if the trace file cannot be appended to."""
+def check_writable(path: Path, trace_dir: Path) -> None:
+    """Fail before any work starts if the trace file cannot be appended to, or is no plain file of `trace_dir`
+    (a committed link led every run's records into a file of the user's, a FIFO hung the run holding the lock)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a"):
-            pass
+        inside = path.parent.resolve().is_relative_to(Path(trace_dir).resolve())
     except OSError as exc:
         raise FlashbenchError(f"cannot write traces: {exc.strerror}", path) from None
+    if not inside:
+        raise FlashbenchError(f"cannot write traces: its folder leads out of {trace_dir} through a link", path)
+    os.close(_open_for_append(path))
+
+
+def _open_for_append(path: Path) -> int:
+    """The trace file opened to append, never through a link and never blocking; a FlashbenchError for what is no
+    plain file."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        why = {errno.ELOOP: "it is a link", errno.ENXIO: "it is not a plain file"}.get(exc.errno, exc.strerror)
+        raise FlashbenchError(f"cannot write traces: {why}", path) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FlashbenchError("cannot write traces: it is not a plain file", path)
+    return fd
+
+
+def read_trace_bytes(path: Path) -> bytes:
+    """A trace file's bytes as the recorder compares them: never through a link, never blocking."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return b""
+    except OSError as exc:
+        raise FlashbenchError(f"cannot read traces: {exc.strerror}", path) from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise FlashbenchError("cannot read traces: it is not a plain file", path)
+        return handle.read()
 
 
 @contextlib.contextmanager
@@ -112,9 +143,9 @@ def append_trace(path: Path, trace: Trace) -> None:
     line = (trace.model_dump_json() + "\n").encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError as exc:
         raise FlashbenchError(f"cannot write traces: {exc.strerror}", path) from None
+    fd = _open_for_append(path)
     size = os.fstat(fd).st_size
     try:
         if size and not _ends_with_newline(path):

@@ -33,6 +33,23 @@ def test_a_trace_file_changed_by_someone_else_is_restored_and_the_trace_rejected
     trace, tampered = recorder.record(make_trace("next", "w1"))
     assert tampered and trace.status == "REJECTED" and trace.message == TRACE_FILE_CHANGED
     assert [t.solution for t in read_traces(recorder.trace_file)] == ["honest", "next"]
+    # what was found is kept aside, not lost: records someone appended were dropped without a word before
+    (aside,) = recorder.untrusted
+    assert [t.solution for t in read_traces(aside)] == ["honest", "forged"]
+
+
+def test_only_what_boards_read_is_watched(tmp_path):
+    """A report or notes written beside the traces during a run (`report --out traces/<hw>/<def>.md`) were
+    renamed to *.untrusted; boards read trace files and calibrations alone. A file that vanishes while the
+    directory is looked at (an editor's swap file) ended the run."""
+    recorder = recorder_in(tmp_path)
+    notes = tmp_path / "traces" / "nvidia_h200" / "op.notes.md"
+    notes.parent.mkdir(parents=True)
+    notes.write_text("# notes\n")
+    calibration = tmp_path / "traces" / "nvidia_h200" / "calibration.json"
+    calibration.write_text("{}")
+    recorder.record(make_trace("honest", "w1"))
+    assert notes.exists() and not calibration.exists() and len(recorder.untrusted) == 1
 
 
 def test_files_appearing_in_the_trace_directory_are_set_aside(tmp_path, capsys):

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from flashbench import Repo
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
 from flashbench.run.protocol import Failed, FailureStatus
+from flashbench.run.recorder import TRACE_FILE_CHANGED
 from flashbench.run.resume import JUDGE_VERSION, settled
 from trace_factory import EVENTS, make_trace
 
@@ -34,6 +35,25 @@ def test_a_pass_without_a_time_runs_again():
     judge never writes a PASSED without a time."""
     assert not settled(trace("PASSED").model_copy(update={"performance": None}))
     assert settled(trace("RUNTIME_ERROR").model_copy(update={"performance": None}))
+
+
+def test_a_timeout_under_a_shorter_limit_than_the_runs_runs_again():
+    """`--timeout 0.01` timed out every pair, and a `--resume` with the default kept them all: the limit is the
+    user's, not the solution's verdict. A timeout under a limit at least the run's stays; one of unknown limit
+    (recorded before the limit was) runs again."""
+    def timed_out(limit):
+        record = trace("TIMEOUT")
+        return record.model_copy(update={"environment": {**record.environment, "timeout_s": limit}})
+    assert not settled(timed_out(0.01), timeout=300.0)
+    assert settled(timed_out(300.0), timeout=300.0) and settled(timed_out(600.0), timeout=300.0)
+    assert not settled(trace("TIMEOUT"), timeout=300.0)
+    assert settled(timed_out(0.01))  # a settled() asked without a run's limit: as before
+
+
+def test_the_judges_rejection_for_a_changed_trace_file_runs_again():
+    """The pair during which someone else changed the trace file is rejected by the judge itself, not for
+    anything the solution is known to have done."""
+    assert not settled(trace("REJECTED", TRACE_FILE_CHANGED))
 
 
 def test_a_missing_dependency_runs_again():

@@ -195,8 +195,29 @@ def test_read_traces_of_a_missing_file(tmp_path):
 
 def test_check_writable_creates_the_folder(tmp_path):
     path = tmp_path / "a" / "b" / "x.jsonl"
-    check_writable(path)
+    check_writable(path, tmp_path)
     assert path.parent.is_dir()
+
+
+def test_a_trace_file_that_is_a_link_a_fifo_or_under_a_link_out_is_refused_at_once(tmp_path):
+    """A committed link as a trace file led every run's records into a file of the user's (and one to /dev/zero
+    read memory without end); a FIFO hung the run while it held the trace directory's lock; a hardware folder
+    that is a link out of the trace directory was written through."""
+    victim = tmp_path / "notes.txt"
+    victim.write_text("important line\n")
+    traces = tmp_path / "traces"
+    (traces / "cpu").mkdir(parents=True)
+    (traces / "cpu" / "x.jsonl").symlink_to(victim)
+    os.mkfifo(traces / "cpu" / "y.jsonl")
+    (traces / "elsewhere").symlink_to(tmp_path)
+    for name, why in (("cpu/x.jsonl", "it is a link"), ("cpu/y.jsonl", "not a plain file"),
+                      ("elsewhere/z.jsonl", "leads out of")):
+        with pytest.raises(FlashbenchError, match=why) as refused:
+            check_writable(traces / name, traces)
+        assert "\n" not in str(refused.value)
+    with pytest.raises(FlashbenchError, match="it is a link"):
+        append_trace(traces / "cpu" / "x.jsonl", make_trace(0))
+    assert victim.read_text() == "important line\n"
 
 
 def test_check_writable_refuses_an_unwritable_directory(tmp_path):
@@ -211,7 +232,7 @@ def test_check_writable_refuses_an_unwritable_directory(tmp_path):
         path = locked / "cpu" / "x.jsonl"
     try:
         with pytest.raises(FlashbenchError, match="cannot write traces") as info:
-            check_writable(path)
+            check_writable(path, tmp_path)
         assert str(path) in str(info.value)
     finally:
         if os.geteuid() != 0:

@@ -1,5 +1,6 @@
 """`flashbench leaderboard`, `compare` and `report`: reading recorded traces."""
 
+import contextlib
 from pathlib import Path
 
 import click
@@ -45,10 +46,31 @@ def rich_table(frame, title: str | None = None) -> Table:
 
 def write_text(text: str, out: Path | None) -> None:
     if out:
-        out.write_text(text)
-        console.print(f"wrote {out}", highlight=False)
+        with output_file(out) as handle:
+            handle.write(text)
     else:
         click.echo(text, nl=False)
+
+
+@contextlib.contextmanager
+def output_file(out: Path):
+    """`out` written whole or not at all (a temporary file beside it, renamed), never a file boards read: `report
+    --out` onto the trace file it read replaced every record with Markdown."""
+    from ..calibrate import CALIBRATION_FILE
+
+    if out.name.endswith(".jsonl") or out.name == CALIBRATION_FILE:
+        raise FlashbenchError("--out may not name a trace file or a calibration (*.jsonl, calibration.json): "
+                              "boards read those", out)
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        with open(partial, "w") as handle:
+            yield handle
+        partial.replace(out)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise FlashbenchError(f"cannot write: {exc.strerror}", out) from None
+    console.print(f"wrote {out}", highlight=False)
 
 
 @main.command()
@@ -82,15 +104,13 @@ def leaderboard(ctx, definition, hardware, trace_dir, timing, baseline, by_workl
             for path in lb.save_charts(board, charts, colours):
                 console.print(f"wrote {path}", highlight=False)
     if fmt == "table":
-        target = Console(file=out.open("w"), width=160) if out else console
-        for board in boards:
-            shown = lb.by_workload_display(board) if by_workload else lb.ranking_display(board)
-            target.print(rich_table(shown, title=formats.board_title(board)))
-            for note in board.notes:  # they name solutions and what their traces say of the device
-                target.print(f"  {printable_line(note)}", markup=False, highlight=False)
-        if out:
-            target.file.close()
-            console.print(f"wrote {out}", highlight=False)
+        with output_file(out) if out else contextlib.nullcontext() as handle:
+            target = Console(file=handle, width=160) if out else console
+            for board in boards:
+                shown = lb.by_workload_display(board) if by_workload else lb.ranking_display(board)
+                target.print(rich_table(shown, title=formats.board_title(board)))
+                for note in board.notes:  # they name solutions and what their traces say of the device
+                    target.print(f"  {printable_line(note)}", markup=False, highlight=False)
         return
     text = {"markdown": lambda: f"# {name}\n\n" + formats.markdown(boards, by_workload),
             "csv": lambda: formats.csv(boards, by_workload), "json": lambda: formats.json_text(boards),

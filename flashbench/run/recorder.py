@@ -1,11 +1,12 @@
 """The only writer of traces.
 
 Before every append the trace file must hold exactly what this recorder last wrote: otherwise
-something else wrote it while solutions ran; it is put back and every job that could have done
-it is rejected. The rest of the trace directory is watched too: a file that appears or whose
-content changes during the run without this recorder writing it is renamed out of the boards' way
-(`*.untrusted`) and reported; one whose metadata alone changed stays. So a run holds its trace directory
-(traces.sole_writer) and a second run there waits: each would set the other's records aside.
+something else wrote it while solutions ran; it is put back (what was found there kept aside, `*.untrusted`)
+and every job that could have done it is rejected. The other files boards read under the trace directory
+(trace files and calibrations, at any depth) are watched too: one that appears or whose content changes during
+the run without this recorder writing it is renamed out of the boards' way (`*.untrusted`) and reported; one
+whose metadata alone changed stays, and so does any other file (a report, notes). So a run holds its trace
+directory (traces.sole_writer) and a second run there waits: each would set the other's records aside.
 """
 
 import contextlib
@@ -19,7 +20,8 @@ from pathlib import Path
 
 from ..errors import FlashbenchError
 from ..model import Trace
-from ..traces import append_trace, check_writable, sole_writer
+from ..calibrate import CALIBRATION_FILE
+from ..traces import append_trace, check_writable, read_trace_bytes, sole_writer
 
 TRACE_FILE_CHANGED = "the trace file changed while this solution ran; it was restored"
 UNTRUSTED_SUFFIX = ".untrusted"
@@ -49,8 +51,8 @@ class TraceRecorder:
         if self.save:
             with contextlib.ExitStack() as writing:  # released here should what follows fail
                 writing.enter_context(sole_writer(self.trace_dir))
-                check_writable(self.trace_file)
-                self._written = self.trace_file.read_bytes()
+                check_writable(self.trace_file, self.trace_dir)
+                self._written = read_trace_bytes(self.trace_file)
                 self._stamps = _stamps(self.trace_dir)
                 self._digests = {path: _digest(path) for path in self._stamps}
                 self._writing = writing.pop_all()
@@ -64,18 +66,24 @@ class TraceRecorder:
         restored and `trace` rejected)."""
         if not self.save:
             return trace, False
-        tampered = self.trace_file.read_bytes() != self._written
+        found = read_trace_bytes(self.trace_file)
+        tampered = found != self._written
         if tampered:
             restored = self.trace_file.with_suffix(".restore")
+            aside = _aside(self.trace_file)
             try:
+                aside.write_bytes(found)  # not lost: someone's records, or the forgery, for whoever looks
                 restored.write_bytes(self._written)
                 restored.replace(self.trace_file)
             except OSError as exc:
                 raise FlashbenchError(f"cannot restore the trace file: {exc.strerror}", self.trace_file) from None
+            print(f"warning: {self.trace_file} changed during the run without flashbench writing it; restored, and "
+                  f"what was found there kept as {aside.name}", file=sys.stderr)
+            self.untrusted.append(aside)
             trace = rejected(trace, TRACE_FILE_CHANGED)
         self.set_aside_foreign_files()
         append_trace(self.trace_file, trace)
-        self._written = self.trace_file.read_bytes()
+        self._written = read_trace_bytes(self.trace_file)
         self._stamps[self.trace_file] = _stamp(self.trace_file)
         return trace, tampered
 
@@ -92,8 +100,11 @@ class TraceRecorder:
                 # Only its metadata changed (a worker at level process may touch, chmod or set xattrs on the runner's
                 # files: Landlock has no rights for them): its content is what it was, and it stays where it is.
                 continue
-            aside = path.with_name(f"{path.name}.{int(time.time())}{UNTRUSTED_SUFFIX}")
-            path.replace(aside)
+            aside = _aside(path)
+            try:
+                path.replace(aside)
+            except FileNotFoundError:  # gone since it was seen
+                continue
             found.append(aside)
             print(f"warning: {path} appeared or changed during the run without flashbench writing it; "
                   f"moved to {aside.name}", file=sys.stderr)
@@ -108,12 +119,22 @@ def rejected(trace: Trace, message: str) -> Trace:
     return trace.model_copy(update={"status": "REJECTED", "performance": None, "message": message})
 
 
+def _aside(path: Path) -> Path:
+    return path.with_name(f"{path.name}.{time.time_ns()}{UNTRUSTED_SUFFIX}")
+
+
+def _watched(path: Path) -> bool:
+    """What a board reads: trace files and calibrations (read_results, calibrate.calibration_path)."""
+    return path.name.endswith(".jsonl") or path.name == CALIBRATION_FILE
+
+
 def _stamps(folder: Path) -> dict[Path, _Stamp]:
     stamps = {}
     for path in folder.rglob("*"):
-        if path.name.endswith(UNTRUSTED_SUFFIX) or (path.is_dir() and not path.is_symlink()):
+        if not _watched(path) or (path.is_dir() and not path.is_symlink()):
             continue
-        stamps[path] = _stamp(path)
+        with contextlib.suppress(FileNotFoundError):  # gone since it was listed (an editor's swap file)
+            stamps[path] = _stamp(path)
     return stamps
 
 

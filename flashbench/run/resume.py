@@ -6,6 +6,7 @@ nvcc included, is the solution's and stays recorded: were it believed, a solutio
 it did not like and keep its best attempt."""
 
 from ..model import Trace
+from .recorder import TRACE_FILE_CHANGED
 from .sandbox import ISOLATION_LEVELS
 
 RUN_AGAIN = "MISSING_DEPENDENCY"
@@ -15,9 +16,11 @@ RUN_AGAIN = "MISSING_DEPENDENCY"
 # failure a since-fixed judge gave an honest solution, was kept by every later --resume (the checks' digest covers
 # the definition and its reference, not the harness).
 JUDGE_VERSION = 2  # 2: a solution's exception never ends its worker (CRASHED became RUNTIME_ERROR)
+TIMEOUT_KEY = "timeout_s"  # the run's --timeout, in every trace's environment
 
 
-def settled(trace: Trace, isolation: str | None = None, timing: dict | None = None) -> bool:
+def settled(trace: Trace, isolation: str | None = None, timing: dict | None = None,
+            timeout: float | None = None) -> bool:
     """Whether a recorded trace counts as done for `--resume` in a run whose workers are isolated at level
     `isolation` and whose timed results record `timing` (those keys of Performance.timing: the L2 flush,
     whether the seeds were public), by this version of the judge. A record made with its worker less isolated
@@ -25,8 +28,14 @@ def settled(trace: Trace, isolation: str | None = None, timing: dict | None = No
     record, and the run said its workers were isolated more strongly. So is a time measured otherwise: after
     another flush, on inputs whose seeds were public (known to the solution before it ran), with other call
     counts, or judged by other checks (the definition's tolerances or reference changed, or another number of
-    checked calls)."""
+    checked calls). So is a TIMEOUT under a shorter `timeout` than the run's (or an unknown one: the user's
+    option, not the solution's verdict), and the judge's own rejection of a pair during which someone else
+    changed the trace file."""
     if trace.status == RUN_AGAIN or trace.environment.get("judge") != JUDGE_VERSION:
+        return False
+    if trace.status == "TIMEOUT" and timeout is not None and not _at_least(trace.environment.get(TIMEOUT_KEY), timeout):
+        return False
+    if trace.message == TRACE_FILE_CHANGED:
         return False
     if isolation is not None and _strength(trace.isolation) < _strength(isolation):
         return False
@@ -39,3 +48,7 @@ def settled(trace: Trace, isolation: str | None = None, timing: dict | None = No
 def _strength(isolation: str | None) -> int:
     """Higher is stronger; a level this version does not know is the weakest."""
     return len(ISOLATION_LEVELS) - ISOLATION_LEVELS.index(isolation) if isolation in ISOLATION_LEVELS else 0
+
+
+def _at_least(recorded: object, timeout: float) -> bool:
+    return isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and recorded >= timeout

@@ -31,7 +31,7 @@ from .options import RunOptions
 from .plan import Candidate, Job, candidates, refuse_invalid_workloads
 from .recorder import TRACE_FILE_CHANGED, TraceRecorder, rejected
 from .recipe import FLUSH_BYTES, flush_label
-from .resume import JUDGE_VERSION, settled
+from .resume import JUDGE_VERSION, TIMEOUT_KEY, settled
 from .session import JobOutcome
 
 BACKENDS = ("local", "ray")
@@ -124,7 +124,7 @@ class Runner:
         for candidate in chosen:
             for workload in workloads:
                 previous = done.get((candidate.hash, workload.uuid))
-                if previous is not None and settled(previous, isolation, measured):
+                if previous is not None and settled(previous, isolation, measured, self.options.timeout):
                     result.skipped.append(previous)
                     self._remember(previous)
                     advance()
@@ -153,7 +153,8 @@ class Runner:
             solution=candidate.solution.name, solution_hash=candidate.hash, solution_tags=candidate.solution.tags,
             author=candidate.solution.author, hardware=self.hardware, status=status, message=message,
             log=outcome.log[-2000:] if status != "PASSED" else "", correctness=outcome.errors,
-            performance=performance, environment={**environment, "judge": JUDGE_VERSION}, isolation=isolation,
+            performance=performance, isolation=isolation,
+            environment={**environment, "judge": JUDGE_VERSION, TIMEOUT_KEY: self.options.timeout},
             timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
 

@@ -60,7 +60,7 @@ class Registry(Repo):
     def workloads(self, definition: str, selectors: Sequence[str] = (), device: str | None = None) -> list[Workload]:
         """By uuid (or its prefix), name or tag; without selectors all of them, or on device "cpu" the
         smoke ones, as a run picks them."""
-        return select_workloads(self, self.resolve(definition), list(selectors), device)
+        return select_workloads(self, self.resolve(definition), one_or_many(selectors), device)
 
     def inputs(self, definition: str, workload: str | Workload, seed: int = 0, device: str = "cpu") -> dict:
         """One workload's inputs (the Workload, or its uuid or name), drawn from `seed` on `device`, in the
@@ -108,8 +108,8 @@ class Registry(Repo):
         devices, backend, address, flush, checked_calls); on_result sees each trace as it is recorded."""
         name = self.resolve(definition)
         chosen_options = run_options(device, **options)
-        folders = select_solutions(self, name, [str(s) for s in solutions])
-        chosen = select_workloads(self, name, [w.uuid if isinstance(w, Workload) else w for w in workloads],
+        folders = select_solutions(self, name, [str(s) for s in one_or_many(solutions)])
+        chosen = select_workloads(self, name, [w.uuid if isinstance(w, Workload) else w for w in one_or_many(workloads)],
                                   chosen_options.device)
         runner = Runner(self, name, chosen_options, on_result=on_result or (lambda trace: None))
         result = runner.run(runner.candidates(folders), chosen)
@@ -202,6 +202,12 @@ class Best:
     def _signature(self) -> inspect.Signature:
         return inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                                   for name in self.definition.inputs])
+
+
+def one_or_many(given) -> list:
+    """Selectors as a list: one name, path or workload is a list of one (a string was read character by
+    character: "47" selected every workload whose uuid starts with 4 or 7)."""
+    return [given] if isinstance(given, (str, Path, Workload)) else list(given)
 
 
 def load(root: Path | str | None = None) -> Registry:

@@ -111,6 +111,11 @@ def test_a_registry_lists_definitions_solutions_and_workloads(registry, workload
     assert [w.name for w in registry.workloads(DECODE, ["smoke_mixed"])] == ["smoke_mixed"]
     with pytest.raises(FlashbenchError, match="no workload matches 'huge'"):
         registry.workloads(DECODE, ["huge"])
+    # one selector as a string is one selector (it was read character by character), and an empty one selects
+    # nothing (every uuid starts with "": an unset variable selected every workload)
+    assert [w.name for w in registry.workloads(DECODE, "smoke_mixed")] == ["smoke_mixed"]
+    with pytest.raises(FlashbenchError, match="an empty workload selector selects nothing"):
+        registry.workloads(DECODE, [""])
 
 
 def test_a_workloads_inputs_in_the_definitions_order(registry, workloads):

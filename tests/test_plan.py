@@ -100,6 +100,16 @@ def test_the_runner_gives_unreadable_folders_a_problem_and_stages_the_others(tmp
     assert again.hash == chosen[0].hash  # same folder, same problem: --resume keeps its trace
 
 
+def test_a_cache_that_cannot_be_written_ends_the_run_with_one_line(tmp_path):
+    """A file where the cache folder should be (or a full disk) ended the run in a traceback."""
+    (tmp_path / "cache").write_text("garbage")
+    options = RunOptions(device="cpu", cache_dir=tmp_path / "cache", trace_dir=tmp_path / "t")
+    runner = Runner(Repo(REPO), DEFINITION, options)
+    with pytest.raises(FlashbenchError, match="cannot write the cache: Not a directory") as refused:
+        runner.candidates([load_solution_folder(solution_folder(tmp_path / "mine", "mine"))])
+    assert "\n" not in str(refused.value)
+
+
 def test_install_copies_through_the_same_walk(tmp_path):
     path = solution_folder(tmp_path / "mine", "mine")
     (path / "NOTES.md").write_text("notes travel with it\n")

@@ -30,8 +30,9 @@ class RunOptions(BaseModel):
     devices: list[str] | None = None  # the pool the jobs are spread over; None: [device]
     backend: str = "local"  # local: the pool, in this process; ray: Ray tasks
     ray_address: str | None = None  # None: a Ray instance of this machine's own
-    warmup: int = Field(5, ge=0)
-    iters: int = Field(50, ge=1)  # at least this many timed calls per job, within TIMED_BUDGET_MS
+    # Bounded: a warm-up of 10^20 calls was a list the judge built in memory before any deadline applied.
+    warmup: int = Field(5, ge=0, le=100_000)
+    iters: int = Field(50, ge=1, le=10_000_000)  # at least this many timed calls per job, within TIMED_BUDGET_MS
     seed: int | None = None  # None: input seeds drawn afresh for the run, unknown to any solution
     input_sets: int = Field(3, ge=1)
     timeout: float = Field(300.0, gt=0)

@@ -49,6 +49,8 @@ def select_workloads(repo: Repo, definition: str, selectors: list[str], device: 
         return chosen
     chosen = []
     for selector in selectors:
+        if not selector.strip():  # every uuid starts with "": an unset variable selected every workload
+            raise FlashbenchError("an empty workload selector selects nothing; give a name, uuid (or its start) or tag")
         matched = [w for w in workloads if w.uuid.startswith(selector) or w.name == selector or selector in w.tags]
         if not matched:
             known = ", ".join(sorted({w.name for w in workloads} | {t for w in workloads for t in w.tags}))
@@ -99,8 +101,12 @@ def select_solutions(repo: Repo, definition: str, selectors: list[str], cache_di
 
 
 def candidates(repo: Repo, definition: Definition, folders: list[SolutionFolder], cache_dir: Path) -> list[Candidate]:
-    """The reference first, then the folders, each keyed by the hash of its content."""
-    return [reference_candidate(repo, definition, cache_dir)] + [_candidate(f, cache_dir) for f in folders]
+    """The reference first, then the folders, each keyed by the hash of its content. A cache that cannot be
+    written (a full disk, a file where its folder should be) ends the run with one line."""
+    try:
+        return [reference_candidate(repo, definition, cache_dir)] + [_candidate(f, cache_dir) for f in folders]
+    except OSError as exc:
+        raise FlashbenchError(f"cannot write the cache: {exc.strerror}", exc.filename or cache_dir) from None
 
 
 def _candidate(folder: SolutionFolder, cache_dir: Path) -> Candidate:
@@ -198,7 +204,11 @@ def reference_candidate(repo: Repo, definition: Definition, cache_dir: Path) -> 
     digest = hashlib.sha256(source.encode()).hexdigest()[:HASH_LENGTH]
     folder = cache_dir / "reference-solutions" / definition.name / digest
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "reference.py").write_text(source)
+    target = folder / "reference.py"
+    if not target.is_file() or target.read_text() != source:  # named by its digest: the same text once written
+        partial = folder / f".reference.py.{os.getpid()}"  # whole or not at all: another run may load it now
+        partial.write_text(source)
+        partial.replace(target)
     solution = Solution(
         name=REFERENCE, definition=definition.name, author="flashbench", language="python",
         description=f"the reference of {entry.path.name}", entry_point="reference.py::run",

@@ -295,8 +295,9 @@ class _Job:
         (large outputs leave fewer slots than warm-up calls)."""
         sets = len(self.arena_sets)
         count = max(self.settings.warmup, 1, sets if self.settings.graph else 0)
-        calls, per_batch = [self.fresh_call(k) for k in range(count)], len(self.call_slots())
-        return sum(self.batch(calls[start:start + per_batch], timed=False, graph=self.settings.graph, picked={})[0]
+        per_batch = len(self.call_slots())
+        return sum(self.batch([self.fresh_call(k) for k in range(start, min(start + per_batch, count))], timed=False,
+                              graph=self.settings.graph, picked={})[0]
                    for start in range(0, count, per_batch)) / count
 
     def timed_batches(self, baseline: Baseline, step_ms: float) -> None:

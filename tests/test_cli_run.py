@@ -2,7 +2,9 @@
 copy of the repository so nothing is written into the real one."""
 
 import json
+import os
 import shutil
+import signal
 import threading
 from pathlib import Path
 
@@ -263,7 +265,7 @@ def cpu_trace(solution, workload, status="PASSED", latency_ms=1.0):
 
 @pytest.fixture
 def fake_runner(monkeypatch):
-    def install(traces, interrupt=False, skipped=()):
+    def install(traces, interrupt=False, skipped=(), terminate=False):
         class FakeRunner:
             def __init__(self, repo, definition, options, on_result):
                 self.on_result = on_result
@@ -278,6 +280,9 @@ def fake_runner(monkeypatch):
                     advance()
                 if interrupt:
                     raise KeyboardInterrupt
+                if terminate:  # as `timeout` or CI ends a command
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    threading.Event().wait(5)  # the handler raises here
                 return RunResult(traces=list(traces), trace_file=self.trace_file, isolation="process",
                                  skipped=list(skipped))
 
@@ -354,6 +359,19 @@ def test_ctrl_c_with_a_device_thread_still_running_leaves_with_130_without_the_i
     left_with.clear()
     fake_runner([cpu_trace("reference", "smoke_mixed")], interrupt=True)  # no thread left: the usual exit
     assert run_fake(module_repo, tmp_path).exit_code == 130 and left_with == []
+
+
+def test_sigterm_ends_a_run_as_ctrl_c_does(module_repo, tmp_path, fake_runner):
+    """`timeout` and CI send SIGTERM: the run ended with no summary, no way to continue, and its workers'
+    folders left behind."""
+    fake_runner([cpu_trace("reference", "smoke_mixed")], terminate=True)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        result = run_fake(module_repo, tmp_path)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert result.exit_code == 130, result.output
+    assert result.stderr.splitlines()[-1].startswith("interrupted after 1 finished pair(s); continue with:")
 
 
 def test_ctrl_c_with_json_prints_the_partial_document(module_repo, tmp_path, fake_runner):

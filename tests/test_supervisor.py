@@ -508,3 +508,20 @@ def test_a_worker_is_told_where_the_repository_is(tmp_path):
     told = supervisor._environment(SimpleNamespace(device="cpu"), tmp_path / "build", tmp_path / "repo")
     assert told["FLASHBENCH_ROOT"] == str(tmp_path / "repo") and told["HOME"] == str(tmp_path / "build" / "home")
     assert "FLASHBENCH_ROOT" not in supervisor._environment(SimpleNamespace(device="cpu"), tmp_path / "build", None)
+
+
+def test_exchange_folders_of_runners_that_are_gone_are_removed(tmp_path):
+    """A runner killed (SIGKILL, a second Ctrl-C) left its workers' exchange folders and logs in the cache for
+    good; a living runner's, this one's or another's sharing the cache, stay."""
+    gone = os.fork()
+    if gone == 0:
+        os._exit(0)
+    os.waitpid(gone, 0)
+    for pid in (gone, os.getpid()):
+        (tmp_path / f"worker-{pid}-abc").mkdir()
+        (tmp_path / f"worker-{pid}-abc" / "arena").write_text("x")
+        (tmp_path / f"worker-{pid}-abc.log").write_text("log")
+    (tmp_path / "worker-older_form").mkdir()  # made before folders were named by their runner: not known to be gone
+    supervisor.remove_leftovers(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"worker-{os.getpid()}-abc", f"worker-{os.getpid()}-abc.log", "worker-older_form"])

@@ -1,6 +1,8 @@
 """The `flashbench` command: a thin layer over the Python API, one module per command."""
 
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -18,8 +20,8 @@ INTERRUPTED = 130  # a shell's exit code for a command ended by Ctrl-C (128 + SI
 
 class Group(click.Group):
     """Prints a FlashbenchError, or a command's flags that do not fit, as one line (no traceback, no
-    usage block) and exits 2; Ctrl-C exits 130, as a shell's commands do (click's own handling would
-    exit 1, which reads as a failed check)."""
+    usage block) and exits 2; Ctrl-C (and SIGTERM) exits 130, as a shell's commands do (click's own handling
+    would exit 1, which reads as a failed check)."""
 
     def make_context(self, *args, **kwargs):
         try:
@@ -30,6 +32,8 @@ class Group(click.Group):
             usage_error(exc)
 
     def invoke(self, ctx):
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _terminated)
         try:
             return super().invoke(ctx)
         except FlashbenchError as exc:
@@ -39,6 +43,12 @@ class Group(click.Group):
         except KeyboardInterrupt:
             errors.print("interrupted", highlight=False)
             sys.exit(INTERRUPTED)
+
+
+def _terminated(signum, frame):
+    """SIGTERM (`timeout`, CI, a service manager) ends a command as Ctrl-C does: a run prints the summary of the
+    pairs that finished and how to continue, and its workers and their folders go (it ended with none of it)."""
+    raise KeyboardInterrupt
 
 
 def usage_error(exc: click.UsageError):

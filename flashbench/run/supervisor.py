@@ -81,7 +81,8 @@ class WorkerProcess:
             raise WorkerGone("INVALID_SOLUTION", f"its manifest makes the worker's first message {len(setup_frame)} "
                                                  f"bytes; a message may have {MAX_FRAME_BYTES}")
         work_root.mkdir(parents=True, exist_ok=True)
-        exchange = Path(tempfile.mkdtemp(prefix="worker-", dir=work_root))
+        remove_leftovers(work_root)
+        exchange = Path(tempfile.mkdtemp(prefix=f"{EXCHANGE_PREFIX}{os.getpid()}-", dir=work_root))
         log_path = exchange.with_suffix(".log")
         build_dir = Path(setup.build_dir)
         _give_directory(build_dir, account.uid)
@@ -337,6 +338,33 @@ def _signal(pid: int, number: int) -> None:
 def _pipe() -> tuple[int, int]:
     read_fd, write_fd = os.pipe()
     return read_fd, write_fd
+
+
+EXCHANGE_PREFIX = "worker-"  # then the runner's pid: worker-<pid>-<random>
+
+
+def remove_leftovers(work_root: Path) -> None:
+    """Exchange directories (and logs) of runners that are gone: one killed (SIGKILL, a second Ctrl-C) leaves
+    its workers' behind. A runner that lives, this one or another sharing the cache, keeps its own."""
+    for entry in work_root.glob(f"{EXCHANGE_PREFIX}*"):
+        owner = entry.name.removeprefix(EXCHANGE_PREFIX).partition("-")[0]
+        if not owner.isdigit() or _alive(int(owner)):
+            continue
+        with contextlib.suppress(OSError):
+            if entry.is_dir() and not entry.is_symlink():
+                sandbox.remove_tree(entry)
+            else:
+                entry.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
 
 
 def _environment(setup: Setup, build_dir: Path, repository: Path | None) -> dict[str, str]:

@@ -127,7 +127,11 @@ class Registry(Repo):
         on the timed workloads (include_smoke: the smoke ones too, all a CPU run has)."""
         name = self.resolve(definition)
         hardware = hardware_of(device)
-        chosen = self._fastest(name, hardware, self.trace_root(trace_dir), timing, include_smoke)
+        root = self.trace_root(trace_dir)
+        if device is not None and not _DEVICE.fullmatch(device) and not (root / hardware).is_dir():
+            known = sorted(path.name for path in root.iterdir() if path.is_dir()) if root.is_dir() else []
+            raise FlashbenchError(f"no traces of hardware {device!r} here; known: {', '.join(known) or 'none'}", root)
+        chosen = self._fastest(name, hardware, root, timing, include_smoke)
         if chosen is None:
             return Best(self.definition(name), REFERENCE, hardware, None, None, self._reference_callable(name), False)
         folder, speedup = chosen

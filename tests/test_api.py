@@ -196,6 +196,9 @@ def test_without_traces_best_is_the_reference(registry, workloads, tmp_path):
     inputs = decode_inputs(registry, workloads[1])
     expected = registry.reference(DECODE)(*inputs.values())
     assert all(torch.equal(got, want) for got, want in zip(best(*inputs.values()), expected))
+    # a hardware named that has no traces here is a typo or another machine's, not "no solution qualifies"
+    with pytest.raises(FlashbenchError, match="no traces of hardware 'nvidia_h20' here"):
+        registry.best("mla_paged_decode", "nvidia_h20", trace_dir=tmp_path)
 
 
 def test_best_loads_the_fastest_and_calls_it_like_the_reference(registry, workloads, tmp_path):

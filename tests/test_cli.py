@@ -227,3 +227,9 @@ def test_root_is_the_repository_of_everything_the_command_does(root, tmp_path, m
     monkeypatch.setenv("FLASHBENCH_ROOT", str(tmp_path))
     assert invoke(root, "list").exit_code == 0
     assert find_root() == root.resolve()
+
+
+def test_a_root_that_is_no_folder_says_so(tmp_path):
+    """It said "no definition named 'x'; known: none"."""
+    result = invoke(tmp_path / "missing", "list")
+    assert result.exit_code == 2 and "--root: no such folder" in result.output

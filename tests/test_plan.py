@@ -187,6 +187,14 @@ def test_two_folders_of_one_run_may_not_share_a_name_with_other_code(tmp_path):
         select_solutions(repo, DEFINITION, [str(honest), str(twin)])
 
 
+def test_a_folder_named_twice_runs_once():
+    """`--solution X --solution X` (or a name and its folder's path) ran and recorded every pair twice."""
+    repo = Repo(REPO)
+    folder = repo.solution_folders(DEFINITION)[0]
+    chosen = select_solutions(repo, DEFINITION, [folder.solution.name, str(folder.path), folder.solution.name])
+    assert [f.path.resolve() for f in chosen] == [folder.path.resolve()]
+
+
 def test_a_name_a_reader_takes_for_another_is_refused(tmp_path):
     """`triton_spIitkv` (a capital i for the l), `torch_vect0rized` or `torch-vectorized` beside the repository's
     `triton_splitkv` and `torch_vectorized` are two folders and two board rows that a reader takes for one; so are

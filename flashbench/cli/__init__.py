@@ -82,6 +82,8 @@ def main(ctx, root):
 
 def repo_from(ctx):
     from ..registry import Repo
+    if ctx.obj is not None and not Path(ctx.obj).is_dir():  # else: "no definition named ...; known: none"
+        raise FlashbenchError("--root: no such folder", ctx.obj)
     return Repo(ctx.obj)
 
 

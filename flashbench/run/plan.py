@@ -90,6 +90,7 @@ def select_solutions(repo: Repo, definition: str, selectors: list[str], cache_di
             chosen.append(by_name[selector])
         else:
             raise FlashbenchError(f"no solution {selector!r} for {definition}; known: {', '.join(by_name) or 'none'}")
+    chosen = list({folder.path.resolve(): folder for folder in chosen}.values())  # one folder named twice: run once
     taken = dict(by_name)  # the repository's folders, then each chosen one: two names alike are one board row
     for folder in chosen:
         manifest = folder.path / "solution.yaml"

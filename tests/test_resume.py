@@ -52,8 +52,11 @@ def test_a_timeout_under_a_shorter_limit_than_the_runs_runs_again():
 
 def test_the_judges_rejection_for_a_changed_trace_file_runs_again():
     """The pair during which someone else changed the trace file is rejected by the judge itself, not for
-    anything the solution is known to have done."""
-    assert not settled(trace("REJECTED", TRACE_FILE_CHANGED))
+    anything the solution is known to have done, where its worker could not reach the trace file (level
+    namespaces); at level process it could, and would buy itself another try."""
+    rejected = trace("REJECTED", TRACE_FILE_CHANGED)
+    assert not settled(rejected.model_copy(update={"isolation": "namespaces"}))
+    assert settled(rejected.model_copy(update={"isolation": "process"}))
 
 
 def test_a_missing_dependency_runs_again():

@@ -30,12 +30,13 @@ def settled(trace: Trace, isolation: str | None = None, timing: dict | None = No
     counts, or judged by other checks (the definition's tolerances or reference changed, or another number of
     checked calls). So is a TIMEOUT under a shorter `timeout` than the run's (or an unknown one: the user's
     option, not the solution's verdict), and the judge's own rejection of a pair during which someone else
-    changed the trace file."""
+    changed the trace file, where that cannot have been its worker (level namespaces hides the trace directory;
+    at level process a worker could write it, and so buy itself another try)."""
     if trace.status == RUN_AGAIN or trace.environment.get("judge") != JUDGE_VERSION:
         return False
     if trace.status == "TIMEOUT" and timeout is not None and not _at_least(trace.environment.get(TIMEOUT_KEY), timeout):
         return False
-    if trace.message == TRACE_FILE_CHANGED:
+    if trace.message == TRACE_FILE_CHANGED and trace.isolation == "namespaces":
         return False
     if isolation is not None and _strength(trace.isolation) < _strength(isolation):
         return False

@@ -256,6 +256,34 @@ def test_cli_json_and_csv(recorded, tmp_path):
     assert lines[0].startswith("workload,floor_us,best,best_us") and len(lines) == 1 + 2 * 3
 
 
+def test_out_never_replaces_a_trace_file_and_keeps_what_it_writes_to(recorded, tmp_path):
+    """`report --out` onto the trace file it read replaced every record with Markdown; a bad folder ended in a
+    traceback; a pipe or a link given as --out was replaced by a plain file, and a file lost its mode."""
+    trace_file = next(recorded.glob("*/*.jsonl"))
+    before = trace_file.read_bytes()
+    linked = tmp_path / "board.md"
+    linked.symlink_to(trace_file)
+    for out in (trace_file, linked):
+        result = invoke("leaderboard", "--def", "mla_paged_decode", "--trace-dir", str(recorded), "--out", str(out))
+        assert result.exit_code == 2 and "may not name a trace file" in result.output
+    assert trace_file.read_bytes() == before
+    result = invoke("leaderboard", "--def", "mla_paged_decode", "--trace-dir", str(recorded),
+                    "--out", str(tmp_path / "missing" / "x.md"))
+    assert result.exit_code == 2 and "cannot write: No such file or directory" in result.output
+    private = tmp_path / "private.md"
+    private.write_text("")
+    private.chmod(0o600)
+    target = tmp_path / "site.md"
+    (tmp_path / "site-link.md").symlink_to(target)
+    for out in (private, tmp_path / "site-link.md"):
+        result = invoke("leaderboard", "--def", "mla_paged_decode", "--trace-dir", str(recorded), "--format",
+                        "markdown", "--out", str(out))
+        assert result.exit_code == 0, result.output
+    assert private.stat().st_mode & 0o777 == 0o600 and private.read_text().startswith("# ")
+    assert (tmp_path / "site-link.md").is_symlink() and target.read_text().startswith("# ")
+    assert not list(tmp_path.glob(".*"))  # no temporary file left
+
+
 def test_cli_include_smoke_counts_the_smoke_latencies(recorded):
     def fast(*extra):
         result = invoke("leaderboard", "--def", "mla_paged_decode", "--trace-dir", str(recorded), "--hardware", "gpu_x",

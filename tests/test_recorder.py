@@ -129,3 +129,29 @@ def test_runs_into_a_trace_directory_and_one_inside_it_wait_for_each_other(tmp_p
     with recorder("elsewhere"):  # a sibling of both: no wait
         pass
     second_run_waits(holder, recorder(second), capsys)
+
+
+def test_a_link_to_a_folder_is_watched_whatever_its_name(tmp_path):
+    """Boards follow traces/<hardware> when it is a link: one planted during the run, leading to a folder of
+    forged records, was left where it was once only trace files and calibrations were watched."""
+    recorder = recorder_in(tmp_path)
+    forged = tmp_path / "elsewhere"
+    forged.mkdir()
+    (forged / "op.jsonl").write_text(make_trace("forged", "w1").model_dump_json() + "\n")
+    (tmp_path / "traces" / "nvidia_h100").symlink_to(forged)
+    recorder.record(make_trace("honest", "w1"))
+    assert not (tmp_path / "traces" / "nvidia_h100").exists() and len(recorder.untrusted) == 1
+
+
+def test_restoring_the_trace_file_writes_through_no_planted_link(tmp_path):
+    """The restore's temporary name was fixed (op.restore) and written through a link planted there."""
+    recorder = recorder_in(tmp_path)
+    recorder.record(make_trace("honest", "w1"))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    (recorder.trace_file.with_suffix(".restore")).symlink_to(victim)
+    with open(recorder.trace_file, "a") as handle:
+        handle.write(make_trace("forged", "w1").model_dump_json() + "\n")
+    trace, tampered = recorder.record(make_trace("next", "w1"))
+    assert tampered and victim.read_text() == "mine\n" and not recorder.trace_file.is_symlink()
+    assert [t.solution for t in read_traces(recorder.trace_file)] == ["honest", "next"]

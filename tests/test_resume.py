@@ -1,5 +1,6 @@
-"""flashbench/run/resume.py: which recorded results `--resume` skips. Only a failure the judge itself
-established before starting a worker (MISSING_DEPENDENCY) is run again; nothing a worker reports is."""
+"""flashbench/run/resume.py: which recorded results `--resume` skips. What the judge answers for is run again (a
+missing dependency it found, a limit shorter than the run's, its rejection for a changed trace file); nothing a
+worker reports is."""
 
 import typing
 from pathlib import Path
@@ -10,7 +11,7 @@ from pydantic import ValidationError
 from flashbench import Repo
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
 from flashbench.run.protocol import Failed, FailureStatus
-from flashbench.run.recorder import TRACE_FILE_CHANGED
+from flashbench.run.recorder import TRACE_FILE_CHANGED, rejected_for_a_changed_file
 from flashbench.run.resume import JUDGE_VERSION, settled
 from trace_factory import EVENTS, make_trace
 
@@ -54,9 +55,11 @@ def test_the_judges_rejection_for_a_changed_trace_file_runs_again():
     """The pair during which someone else changed the trace file is rejected by the judge itself, not for
     anything the solution is known to have done, where its worker could not reach the trace file (level
     namespaces); at level process it could, and would buy itself another try."""
-    rejected = trace("REJECTED", TRACE_FILE_CHANGED)
+    rejected = rejected_for_a_changed_file(trace("PASSED"))
     assert not settled(rejected.model_copy(update={"isolation": "namespaces"}))
     assert settled(rejected.model_copy(update={"isolation": "process"}))
+    # the message alone is words a worker can send (a solution raising it bought itself another try)
+    assert settled(trace("REJECTED", TRACE_FILE_CHANGED).model_copy(update={"isolation": "namespaces"}))
 
 
 def test_a_missing_dependency_runs_again():

@@ -512,16 +512,29 @@ def test_a_worker_is_told_where_the_repository_is(tmp_path):
 
 def test_exchange_folders_of_runners_that_are_gone_are_removed(tmp_path):
     """A runner killed (SIGKILL, a second Ctrl-C) left its workers' exchange folders and logs in the cache for
-    good; a living runner's, this one's or another's sharing the cache, stay."""
-    gone = os.fork()
-    if gone == 0:
-        os._exit(0)
-    os.waitpid(gone, 0)
-    for pid in (gone, os.getpid()):
-        (tmp_path / f"worker-{pid}-abc").mkdir()
-        (tmp_path / f"worker-{pid}-abc" / "arena").write_text("x")
-        (tmp_path / f"worker-{pid}-abc.log").write_text("log")
-    (tmp_path / "worker-older_form").mkdir()  # made before folders were named by their runner: not known to be gone
-    supervisor.remove_leftovers(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [f"worker-{os.getpid()}-abc", f"worker-{os.getpid()}-abc.log", "worker-older_form"])
+    good. A living runner holds a lock on each of its workers' logs, whatever its pid namespace (by pid, a
+    runner in another namespace sharing the cache had its live folders removed): those stay."""
+    for name in ("gone", "alive"):
+        (tmp_path / f"worker-{name}").mkdir()
+        (tmp_path / f"worker-{name}" / "arena").write_text("x")
+        (tmp_path / f"worker-{name}.log").write_text("log")
+    (tmp_path / "worker-starting").mkdir()  # its log not made yet
+    held = os.open(tmp_path / "worker-alive.log", os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        supervisor.remove_leftovers(tmp_path)
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-alive", "worker-alive.log", "worker-starting"]
+
+
+def test_a_live_workers_folders_are_left_to_it(start, tmp_path):
+    """Another runner sharing the cache (remove_leftovers) leaves a live worker's folders alone, and takes them
+    once the runner that held it is gone without closing it."""
+    worker = start("")
+    supervisor.remove_leftovers(tmp_path / "workers")
+    assert worker.exchange_dir.is_dir() and worker.log_path.is_file()
+    os.close(worker.log_fd)  # as the runner's death closes it
+    worker.log_fd = None
+    supervisor.remove_leftovers(tmp_path / "workers")
+    assert not worker.exchange_dir.exists() and not worker.log_path.exists()

@@ -32,8 +32,8 @@ class Group(click.Group):
             usage_error(exc)
 
     def invoke(self, ctx):
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _terminated)
+        main = threading.current_thread() is threading.main_thread()
+        before = signal.signal(signal.SIGTERM, _terminated) if main else None
         try:
             return super().invoke(ctx)
         except FlashbenchError as exc:
@@ -43,6 +43,9 @@ class Group(click.Group):
         except KeyboardInterrupt:
             errors.print("interrupted", highlight=False)
             sys.exit(INTERRUPTED)
+        finally:
+            if main:  # a program that embeds the command keeps its own
+                signal.signal(signal.SIGTERM, before)
 
 
 def _terminated(signum, frame):

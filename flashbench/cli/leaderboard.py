@@ -1,6 +1,9 @@
 """`flashbench leaderboard`, `compare` and `report`: reading recorded traces."""
 
 import contextlib
+import os
+import stat
+import tempfile
 from pathlib import Path
 
 import click
@@ -54,23 +57,44 @@ def write_text(text: str, out: Path | None) -> None:
 
 @contextlib.contextmanager
 def output_file(out: Path):
-    """`out` written whole or not at all (a temporary file beside it, renamed), never a file boards read: `report
-    --out` onto the trace file it read replaced every record with Markdown."""
+    """`out` to write, never a file boards read (`report --out` onto the trace file it read replaced every record
+    with Markdown). A plain file (or none yet) is written whole or not at all, through a temporary file beside it
+    that takes its mode; anything else (a terminal, a pipe, /dev/stdout, a link) is written as it is."""
     from ..calibrate import CALIBRATION_FILE
 
-    if out.name.endswith(".jsonl") or out.name == CALIBRATION_FILE:
+    if any(name.endswith(".jsonl") or name == CALIBRATION_FILE for name in (out.name, Path(os.path.realpath(out)).name)):
         raise FlashbenchError("--out may not name a trace file or a calibration (*.jsonl, calibration.json): "
                               "boards read those", out)
-    partial = out.with_name(f".{out.name}.partial")
     try:
-        with open(partial, "w") as handle:
-            yield handle
-        partial.replace(out)
+        found = os.lstat(out)
+    except FileNotFoundError:
+        found = None
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            partial.unlink()
+        raise FlashbenchError(f"cannot write: {exc.strerror}", out) from None
+    try:
+        if found is not None and not stat.S_ISREG(found.st_mode):
+            with open(out, "w") as handle:
+                yield handle
+        else:
+            descriptor, partial = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+            try:
+                with os.fdopen(descriptor, "w") as handle:
+                    yield handle
+                os.chmod(partial, stat.S_IMODE(found.st_mode) if found else 0o666 & ~_umask())
+                os.replace(partial, out)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(partial)
+                raise
+    except OSError as exc:
         raise FlashbenchError(f"cannot write: {exc.strerror}", out) from None
     console.print(f"wrote {out}", highlight=False)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @main.command()

@@ -232,7 +232,8 @@ json_option = click.option(
 @click.option("--resume", is_flag=True,
               help="Skip pairs already recorded for the same solution content and hardware (outcomes of a missing "
                    "package, GPU or compiler run again, and so do records of another version of the judge, made "
-                   "less isolated, after another L2 flush, on public seeds or with other call counts).")
+                   "less isolated, after another L2 flush, on public seeds or with other call counts, timeouts "
+                   "under a shorter --timeout, and pairs rejected because the trace file changed).")
 @click.option("--no-save", is_flag=True, help="Do not write traces.")
 @click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default: traces/ in the repo.")
 @click.option("--allow-fail", is_flag=True,
@@ -250,7 +251,8 @@ def run(ctx, definition, solutions, workloads, device, warmup, iters, seed, flus
            --resume, pairs recorded before and skipped count with their recorded status; or, with
            no --solution, a folder under solutions/ was invalid (skipped, the others ran)
       2    bad input: unknown definition, solution or workload, flags that do not fit, no such device
-      130  interrupted (Ctrl-C): what finished is summarised, with the command that continues (--resume)
+      130  interrupted (Ctrl-C or SIGTERM): what finished is summarised, with the command that continues
+           (--resume)
     """
     repo = repo_from(ctx)
     name = repo.resolve(definition)
@@ -295,7 +297,7 @@ def submit(ctx, path, device, warmup, iters, seed, flush, checked_calls, timeout
       0    submitted
       1    not submitted: the solution did not pass a workload
       2    bad input: an invalid folder, an unknown definition, no such device
-      130  interrupted (Ctrl-C): nothing is submitted
+      130  interrupted (Ctrl-C or SIGTERM): nothing is submitted
     """
     from ..validate import validate
 

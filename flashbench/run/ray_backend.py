@@ -11,6 +11,9 @@ submitted again; a job whose device fails twice ends the run. Paths (solution fo
 cache, workload files) are the driver's: the workers must see the same file system.
 """
 
+import signal
+import threading
+
 from pydantic import BaseModel, ValidationError
 
 from ..errors import FlashbenchError
@@ -76,7 +79,12 @@ class RayBackend:
 
     def __enter__(self):
         if not self.ray.is_initialized():
+            # Ray's own SIGTERM handler (sys.exit) replaced the command's, which ends a run as Ctrl-C does
+            main = threading.current_thread() is threading.main_thread()
+            handler = signal.getsignal(signal.SIGTERM) if main else None
             self.ray.init(address=self.config.options.ray_address, log_to_driver=False)
+            if main:
+                signal.signal(signal.SIGTERM, handler)
             self._started = True
         return self
 

@@ -14,6 +14,7 @@ import hashlib
 import os
 import stat
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from ..calibrate import CALIBRATION_FILE
 from ..traces import append_trace, check_writable, read_trace_bytes, sole_writer
 
 TRACE_FILE_CHANGED = "the trace file changed while this solution ran; it was restored"
+CHANGED_FILE_KEY = "trace_file_changed"  # in a rejected trace's environment, which only the judge writes
 UNTRUSTED_SUFFIX = ".untrusted"
 
 
@@ -69,18 +71,20 @@ class TraceRecorder:
         found = read_trace_bytes(self.trace_file)
         tampered = found != self._written
         if tampered:
-            restored = self.trace_file.with_suffix(".restore")
             aside = _aside(self.trace_file)
             try:
-                aside.write_bytes(found)  # not lost: someone's records, or the forgery, for whoever looks
-                restored.write_bytes(self._written)
-                restored.replace(self.trace_file)
+                _write_new(aside, found)  # not lost: someone's records, or the forgery, for whoever looks
+                descriptor, restored = tempfile.mkstemp(prefix=".restore-", dir=self.trace_file.parent)  # never a link
+                with os.fdopen(descriptor, "wb") as handle:
+                    handle.write(self._written)
+                os.chmod(restored, 0o644)
+                os.replace(restored, self.trace_file)
             except OSError as exc:
                 raise FlashbenchError(f"cannot restore the trace file: {exc.strerror}", self.trace_file) from None
             print(f"warning: {self.trace_file} changed during the run without flashbench writing it; restored, and "
                   f"what was found there kept as {aside.name}", file=sys.stderr)
             self.untrusted.append(aside)
-            trace = rejected(trace, TRACE_FILE_CHANGED)
+            trace = rejected_for_a_changed_file(trace)
         self.set_aside_foreign_files()
         append_trace(self.trace_file, trace)
         self._written = read_trace_bytes(self.trace_file)
@@ -115,12 +119,21 @@ class TraceRecorder:
         return found
 
 
-def rejected(trace: Trace, message: str) -> Trace:
-    return trace.model_copy(update={"status": "REJECTED", "performance": None, "message": message})
+def rejected_for_a_changed_file(trace: Trace) -> Trace:
+    """The judge's own rejection, marked where no worker's words reach (its message alone a worker can send:
+    `--resume` would have run its pair again whenever it liked)."""
+    return trace.model_copy(update={"status": "REJECTED", "performance": None, "message": TRACE_FILE_CHANGED,
+                                    "environment": {**trace.environment, CHANGED_FILE_KEY: True}})
 
 
 def _aside(path: Path) -> Path:
     return path.with_name(f"{path.name}.{time.time_ns()}{UNTRUSTED_SUFFIX}")
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """A file made here and now, never one found in its place (a link planted at the name was written through)."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644), "wb") as f:
+        f.write(data)
 
 
 def _watched(path: Path) -> bool:
@@ -131,7 +144,8 @@ def _watched(path: Path) -> bool:
 def _stamps(folder: Path) -> dict[Path, _Stamp]:
     stamps = {}
     for path in folder.rglob("*"):
-        if not _watched(path) or (path.is_dir() and not path.is_symlink()):
+        # every link, whatever its name: boards follow one to a folder (traces/<hardware> leading elsewhere)
+        if not path.is_symlink() and (path.is_dir() or not _watched(path)):
             continue
         with contextlib.suppress(FileNotFoundError):  # gone since it was listed (an editor's swap file)
             stamps[path] = _stamp(path)

@@ -1,12 +1,13 @@
-"""Which recorded results `--resume` skips: all but MISSING_DEPENDENCY, the one failure that says the
-machine, not the solution, was at fault. Only the judge writes it, from its own checks before any worker
-starts (run/jobs.py _failure_before_start: a package, a CUDA device, nvcc or ninja missing here); a worker
-cannot report it (protocol.FailureStatus). Whatever a worker reports, a COMPILE_ERROR naming a missing
-nvcc included, is the solution's and stays recorded: were it believed, a solution could void every run
-it did not like and keep its best attempt."""
+"""Which recorded results `--resume` skips: all but those the judge, not the solution, is known to answer
+for (settled): MISSING_DEPENDENCY, which only the judge writes, from its own checks before any worker starts
+(run/jobs.py _failure_before_start: a package, a CUDA device, nvcc or ninja missing here; a worker cannot
+report it, protocol.FailureStatus), a TIMEOUT under a shorter limit than the run's, the judge's own rejection
+for a changed trace file where no worker could change it, and records measured or judged otherwise. Whatever a
+worker reports, a COMPILE_ERROR naming a missing nvcc included, is the solution's and stays recorded: were it
+believed, a solution could void every run it did not like and keep its best attempt."""
 
 from ..model import Trace
-from .recorder import TRACE_FILE_CHANGED
+from .recorder import CHANGED_FILE_KEY
 from .sandbox import ISOLATION_LEVELS
 
 RUN_AGAIN = "MISSING_DEPENDENCY"
@@ -36,7 +37,7 @@ def settled(trace: Trace, isolation: str | None = None, timing: dict | None = No
         return False
     if trace.status == "TIMEOUT" and timeout is not None and not _at_least(trace.environment.get(TIMEOUT_KEY), timeout):
         return False
-    if trace.message == TRACE_FILE_CHANGED and trace.isolation == "namespaces":
+    if trace.environment.get(CHANGED_FILE_KEY) is True and trace.isolation == "namespaces":
         return False
     if isolation is not None and _strength(trace.isolation) < _strength(isolation):
         return False

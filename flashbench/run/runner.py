@@ -29,7 +29,7 @@ from ..workloads import generate_inputs
 from .jobs import JobJudge, JudgeConfig
 from .options import RunOptions
 from .plan import Candidate, Job, candidates, refuse_invalid_workloads
-from .recorder import TRACE_FILE_CHANGED, TraceRecorder, rejected
+from .recorder import TraceRecorder, rejected_for_a_changed_file
 from .recipe import FLUSH_BYTES, flush_label
 from .resume import JUDGE_VERSION, TIMEOUT_KEY, settled
 from .session import JobOutcome
@@ -99,7 +99,7 @@ class Runner:
                     advance()
                     trace = self.trace(job, outcome, environment, config.isolation, calibration)
                     if job.index in tainted:
-                        trace = rejected(trace, TRACE_FILE_CHANGED)
+                        trace = rejected_for_a_changed_file(trace)
                     trace, tampered = recorder.record(trace)
                     if tampered:  # any job running alongside may have written it: trust none
                         tainted |= backend.running() - {job.index}

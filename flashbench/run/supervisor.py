@@ -2,6 +2,7 @@
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import signal
 import subprocess
@@ -82,7 +83,7 @@ class WorkerProcess:
                                                  f"bytes; a message may have {MAX_FRAME_BYTES}")
         work_root.mkdir(parents=True, exist_ok=True)
         remove_leftovers(work_root)
-        exchange = Path(tempfile.mkdtemp(prefix=f"{EXCHANGE_PREFIX}{os.getpid()}-", dir=work_root))
+        exchange = Path(tempfile.mkdtemp(prefix=EXCHANGE_PREFIX, dir=work_root))
         log_path = exchange.with_suffix(".log")
         build_dir = Path(setup.build_dir)
         _give_directory(build_dir, account.uid)
@@ -108,12 +109,17 @@ class WorkerProcess:
             passed = (to_worker, from_worker, worker_socket.fileno())
             command = sandbox.worker_command(isolation, spec.write(exchange / SPEC_FILE), "flashbench.run.worker",
                                              [str(fd) for fd in passed])
+            # Held open while the worker lives and read through: the judge never opens the log again, which would
+            # wait for the worker if it held a lease on it (F_SETLEASE, refused while another descriptor is open).
+            # Locked before it has its name, and while this runner holds the worker: a runner that finds a log
+            # unlocked knows its owner is gone (remove_leftovers); the worker's descriptor is another open file.
+            unnamed = log_path.with_suffix(".log-new")
+            log_fd = os.open(unnamed, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            undo.callback(os.close, log_fd)
+            undo.callback(unnamed.unlink, missing_ok=True)
+            fcntl.flock(log_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            unnamed.rename(log_path)
             with open(log_path, "ab") as log:
-                # Held open while the worker lives and read through: the judge never opens the log again,
-                # which would wait for the worker if it held a lease on it (F_SETLEASE, refused while
-                # another descriptor is open).
-                log_fd = os.open(log_path, os.O_RDONLY | os.O_CLOEXEC)
-                undo.callback(os.close, log_fd)
                 try:
                     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                                pass_fds=passed, env=_environment(setup, build_dir, repository),
@@ -340,31 +346,29 @@ def _pipe() -> tuple[int, int]:
     return read_fd, write_fd
 
 
-EXCHANGE_PREFIX = "worker-"  # then the runner's pid: worker-<pid>-<random>
+EXCHANGE_PREFIX = "worker-"  # worker-<random>, and its log worker-<random>.log
 
 
 def remove_leftovers(work_root: Path) -> None:
-    """Exchange directories (and logs) of runners that are gone: one killed (SIGKILL, a second Ctrl-C) leaves
-    its workers' behind. A runner that lives, this one or another sharing the cache, keeps its own."""
-    for entry in work_root.glob(f"{EXCHANGE_PREFIX}*"):
-        owner = entry.name.removeprefix(EXCHANGE_PREFIX).partition("-")[0]
-        if not owner.isdigit() or _alive(int(owner)):
+    """Exchange directories and logs of runners that are gone (one killed by SIGKILL or a second Ctrl-C left its
+    workers' behind): a living runner holds a lock on each of its workers' logs, whatever its pid namespace
+    or host (a cache shared by containers, or over a network); a log found unlocked is a dead runner's."""
+    for log in work_root.glob(f"{EXCHANGE_PREFIX}*.log"):
+        try:
+            descriptor = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
             continue
-        with contextlib.suppress(OSError):
-            if entry.is_dir() and not entry.is_symlink():
-                sandbox.remove_tree(entry)
-            else:
-                entry.unlink()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's: alive
-        return True
-    return True
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its runner lives
+            continue
+        else:
+            exchange = log.with_suffix("")
+            if exchange.is_dir() and not exchange.is_symlink():
+                sandbox.remove_tree(exchange)
+            log.unlink(missing_ok=True)
+        finally:
+            os.close(descriptor)
 
 
 def _environment(setup: Setup, build_dir: Path, repository: Path | None) -> dict[str, str]:

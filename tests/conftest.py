@@ -3,6 +3,7 @@ build cache for the whole session, so tests never write into the repository's tr
 .flashbench-cache. (Reference outputs are no longer cached on disk: nothing needs a private
 XDG_CACHE_HOME.)"""
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -50,6 +51,25 @@ def own_root_variable():
 
 
 OP_TYPE = "mla_paged"  # the definitions the runner tests use; other op types are left out
+
+
+@contextlib.contextmanager
+def nested_folders(top: Path, depth: int):
+    """`depth` folders `d` nested under `top` for the block (deeper than Python's recursion goes), then removed
+    deepest first: shutil.rmtree, and so pytest's own clean-up of old temporary folders, recurses too."""
+    here = os.getcwd()
+    os.chdir(top)
+    try:
+        for _ in range(depth):  # relative: an absolute path this deep may pass the system's limit
+            os.mkdir("d")
+            os.chdir("d")
+    finally:
+        os.chdir(here)
+    try:
+        yield
+    finally:
+        for level in range(depth, 0, -1):
+            os.rmdir(top / "/".join(["d"] * level))
 
 
 def copy_repo(target: Path) -> Path:

@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from conftest import copy_repo
+from conftest import copy_repo, nested_folders
 from flashbench import Repo
 from flashbench.cli import main
 from flashbench.errors import FlashbenchError
@@ -512,19 +512,8 @@ def test_a_dataset_of_deeply_nested_folders_is_read_to_a_depth(tmp_path):
     """pathlib's `**` recursed: 1,200 nested folders under solutions/ ended the import in a RecursionError. The
     walk now stops 16 folders down, says so, and imports the rest."""
     dataset = make_dataset(tmp_path / "fib")
-    here = os.getcwd()
-    os.chdir(dataset / "solutions")
-    try:
-        for _ in range(1200):
-            os.mkdir("d")
-            os.chdir("d")
-    finally:
-        os.chdir(here)
-    try:
+    with nested_folders(dataset / "solutions", 1200):
         summary = import_fib(dataset, empty_repo(tmp_path / "repo"), "fib")
-    finally:
-        for level in range(1200, 0, -1):  # deepest first: shutil.rmtree (pytest's cleanup) recurses too
-            os.rmdir(dataset / "solutions" / "/".join(["d"] * level))
     assert any("more than 16 folders deep; not read" in why for why in rows(summary, "", "file", "ignored"))
     assert rows(summary, DEF, "solution", "imported")
 

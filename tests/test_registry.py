@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import nested_folders
 from flashbench import FlashbenchError, Repo, validate
 from flashbench.model import loading
 from flashbench.build import content_hash, folder_files, folder_problem, same_content
@@ -178,20 +179,9 @@ def test_validate_walks_deep_folders_without_recursion(root):
     """1,500 nested folders under solutions/_shared/ ended `validate` in a RecursionError."""
     deep = root / "solutions" / "_shared" / "deep"
     deep.mkdir(parents=True)
-    here = os.getcwd()
-    os.chdir(deep)
-    try:
-        for _ in range(1500):
-            os.mkdir("d")
-            os.chdir("d")
-    finally:
-        os.chdir(here)
     add_solution(root, DECODE, DECODE, "mine")
-    try:
+    with nested_folders(deep, 1500):
         results = validate(Repo(root), [root / "solutions"])
-    finally:
-        for level in range(1500, 0, -1):  # deepest first: shutil.rmtree (pytest's cleanup) recurses too
-            os.rmdir(deep / "/".join(["d"] * level))
     assert [c.path.name for c in results] == ["mine"] and results[0].ok
 
 

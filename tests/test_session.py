@@ -11,7 +11,6 @@ checking, how the clocks are ranked, how outputs are poisoned and checked; and t
 outputs kept in memory."""
 
 import contextlib
-import math
 import shutil
 import textwrap
 import time

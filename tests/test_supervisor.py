@@ -518,14 +518,16 @@ def test_exchange_folders_of_runners_that_are_gone_are_removed(tmp_path):
         (tmp_path / f"worker-{name}").mkdir()
         (tmp_path / f"worker-{name}" / "arena").write_text("x")
         (tmp_path / f"worker-{name}.log").write_text("log")
-    (tmp_path / "worker-starting").mkdir()  # its log not made yet
+    (tmp_path / "worker-starting").mkdir()  # a runner killed as it made it: its unnamed log unlocked
+    (tmp_path / "worker-starting.log-new").write_text("")
+    (tmp_path / "worker-stray.log").mkdir()  # no log: left, and no start of a worker ends on it
     held = os.open(tmp_path / "worker-alive.log", os.O_RDONLY)
     try:
         fcntl.flock(held, fcntl.LOCK_EX)
         supervisor.remove_leftovers(tmp_path)
     finally:
         os.close(held)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-alive", "worker-alive.log", "worker-starting"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-alive", "worker-alive.log", "worker-stray.log"]
 
 
 def test_a_live_workers_folders_are_left_to_it(start, tmp_path):

@@ -14,7 +14,7 @@ from rich.text import Text
 from ..errors import FlashbenchError
 from ..model.trace import printable_line
 from ..traces import TIMING_METHODS
-from . import console, main, repo_from
+from . import console, errors, main, repo_from
 
 FORMATS = ["table", "markdown", "csv", "json", "html"]
 TIMING_OPTION = click.option(
@@ -88,7 +88,8 @@ def output_file(out: Path):
                 raise
     except OSError as exc:
         raise FlashbenchError(f"cannot write: {exc.strerror}", out) from None
-    console.print(f"wrote {out}", highlight=False)
+    # on stderr when the output is no file (/dev/stdout: the notice would end a JSON document)
+    (console if found is None or stat.S_ISREG(found.st_mode) else errors).print(f"wrote {out}", highlight=False)
 
 
 def _umask() -> int:

@@ -5,6 +5,7 @@ import ctypes
 import fcntl
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -83,8 +84,8 @@ class WorkerProcess:
                                                  f"bytes; a message may have {MAX_FRAME_BYTES}")
         work_root.mkdir(parents=True, exist_ok=True)
         remove_leftovers(work_root)
-        exchange = Path(tempfile.mkdtemp(prefix=EXCHANGE_PREFIX, dir=work_root))
-        log_path = exchange.with_suffix(".log")
+        log_fd, exchange = _locked_log(work_root)
+        log_path = exchange.with_suffix(LOG_SUFFIX)
         build_dir = Path(setup.build_dir)
         _give_directory(build_dir, account.uid)
         _give_directory(exchange, account.uid)
@@ -97,6 +98,7 @@ class WorkerProcess:
         with contextlib.ExitStack() as worker_ends, contextlib.ExitStack() as undo:
             undo.callback(sandbox.remove_tree, exchange)
             undo.callback(log_path.unlink, missing_ok=True)
+            undo.callback(os.close, log_fd)
             to_worker, from_judge = _pipe()
             worker_ends.callback(os.close, to_worker)
             undo.callback(os.close, from_judge)
@@ -109,16 +111,6 @@ class WorkerProcess:
             passed = (to_worker, from_worker, worker_socket.fileno())
             command = sandbox.worker_command(isolation, spec.write(exchange / SPEC_FILE), "flashbench.run.worker",
                                              [str(fd) for fd in passed])
-            # Held open while the worker lives and read through: the judge never opens the log again, which would
-            # wait for the worker if it held a lease on it (F_SETLEASE, refused while another descriptor is open).
-            # Locked before it has its name, and while this runner holds the worker: a runner that finds a log
-            # unlocked knows its owner is gone (remove_leftovers); the worker's descriptor is another open file.
-            unnamed = log_path.with_suffix(".log-new")
-            log_fd = os.open(unnamed, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            undo.callback(os.close, log_fd)
-            undo.callback(unnamed.unlink, missing_ok=True)
-            fcntl.flock(log_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            unnamed.rename(log_path)
             with open(log_path, "ab") as log:
                 try:
                     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -347,26 +339,52 @@ def _pipe() -> tuple[int, int]:
 
 
 EXCHANGE_PREFIX = "worker-"  # worker-<random>, and its log worker-<random>.log
+LOG_SUFFIX = ".log"
+UNNAMED_LOG_SUFFIX = ".log-new"  # the log while its exchange folder is being made
+
+
+def _locked_log(work_root: Path) -> tuple[int, Path]:
+    """A new worker's log, open (read and write: byte-range locks over NFS need it) and locked by this runner before
+    anything else of the worker exists, then its exchange folder beside it: a runner that finds a log unlocked
+    knows its owner is gone (remove_leftovers). Held open while the worker lives and read through: the judge never
+    opens the log again, which would wait for the worker if it held a lease on it. The worker writes through an
+    open file of its own, which cannot release this one's lock."""
+    descriptor, unnamed = tempfile.mkstemp(prefix=EXCHANGE_PREFIX, suffix=UNNAMED_LOG_SUFFIX, dir=work_root)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.fchmod(descriptor, 0o644)
+        exchange = Path(unnamed.removesuffix(UNNAMED_LOG_SUFFIX))
+        exchange.mkdir(mode=0o700)
+        os.rename(unnamed, exchange.with_suffix(LOG_SUFFIX))
+    except BaseException:
+        os.close(descriptor)
+        with contextlib.suppress(OSError):
+            os.unlink(unnamed)
+        raise
+    return descriptor, exchange
 
 
 def remove_leftovers(work_root: Path) -> None:
-    """Exchange directories and logs of runners that are gone (one killed by SIGKILL or a second Ctrl-C left its
+    """Exchange folders and logs of runners that are gone (one killed by SIGKILL or a second Ctrl-C left its
     workers' behind): a living runner holds a lock on each of its workers' logs, whatever its pid namespace
-    or host (a cache shared by containers, or over a network); a log found unlocked is a dead runner's."""
-    for log in work_root.glob(f"{EXCHANGE_PREFIX}*.log"):
+    or host (a cache shared by containers, or over a network); a log found unlocked is a dead runner's. Never
+    raises: litter no runner can remove stays, and every worker's start goes on."""
+    logs = [*work_root.glob(f"{EXCHANGE_PREFIX}*{LOG_SUFFIX}"), *work_root.glob(f"{EXCHANGE_PREFIX}*{UNNAMED_LOG_SUFFIX}")]
+    for log in logs:
         try:
-            descriptor = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            descriptor = os.open(log, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             continue
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held: its runner lives
-            continue
-        else:
-            exchange = log.with_suffix("")
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                continue
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: its runner lives
+            exchange = log.with_name(log.name.removesuffix(LOG_SUFFIX).removesuffix(UNNAMED_LOG_SUFFIX))
             if exchange.is_dir() and not exchange.is_symlink():
                 sandbox.remove_tree(exchange)
-            log.unlink(missing_ok=True)
+            log.unlink()
+        except OSError:
+            continue
         finally:
             os.close(descriptor)
 

@@ -16,7 +16,9 @@ RUN_AGAIN = "MISSING_DEPENDENCY"
 # again a record of another, whatever its status. Without it a PASSED that a since-fixed hole let through, or a
 # failure a since-fixed judge gave an honest solution, was kept by every later --resume (the checks' digest covers
 # the definition and its reference, not the harness).
-JUDGE_VERSION = 2  # 2: a solution's exception never ends its worker (CRASHED became RUNTIME_ERROR)
+# 2: a solution's exception never ends its worker (CRASHED became RUNTIME_ERROR); 3: integer, boolean and FP4 outputs
+# poisoned with random values (a constant passed an unwritten element whose value it was), paths in a folder bounded.
+JUDGE_VERSION = 3
 TIMEOUT_KEY = "timeout_s"  # the run's --timeout, in every trace's environment
 
 

@@ -6,6 +6,7 @@ Importing a solution executes untrusted code: load_entry_point runs inside the w
 never imports or executes anything a solution names.
 """
 
+import contextlib
 import hashlib
 import importlib.machinery
 import importlib.metadata
@@ -13,6 +14,7 @@ import importlib.util
 import os
 import stat
 import sys
+import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -196,6 +198,21 @@ def read_file(path: Path) -> bytes:
 HASH_LENGTH = 32
 LEGACY_HASH_LENGTH = 16
 _REFUSED_LINK = b"\0a link walk_folder refuses\0"  # what such a link counts as in the hash
+
+
+def write_whole(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """`path` holding `data`, whole or not at all: written to a new file beside it (never through a link found
+    at its name), then renamed over it, so that a reader sees the old bytes or the new ones."""
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def files_hash(files: Mapping[str, Path]) -> str:

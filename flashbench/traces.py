@@ -95,6 +95,10 @@ def sole_writer(trace_dir: Path):
         folder = trace_dir.resolve()
     except OSError as exc:
         raise FlashbenchError(f"cannot write traces: {exc.strerror}", trace_dir) from None
+    try:
+        _make_lock_dir()
+    except OSError as exc:
+        raise FlashbenchError(f"cannot write traces: the lock for {folder}: {exc.strerror}", trace_dir) from None
     with contextlib.ExitStack() as held:
         for above in reversed(folder.parents):  # from the root down: every writer takes them in one order
             _lock(held, above, fcntl.LOCK_SH, trace_dir, required=False)
@@ -124,9 +128,9 @@ def _lock(held: contextlib.ExitStack, folder: Path, kind: int, trace_dir: Path, 
         fcntl.flock(descriptor, kind)
 
 
-def _lock_file(folder: Path) -> Path:
-    """The file that stands for `folder`'s lock, in LOCK_DIR, made for this user alone (a folder of that name
-    another user made, or a link, is refused)."""
+def _make_lock_dir() -> None:
+    """LOCK_DIR, made for this user alone (a folder of that name another user made, or a link, is refused): once
+    per writer, before the locks of every folder from the root down are taken in it."""
     try:
         os.mkdir(LOCK_DIR, 0o700)
     except FileExistsError:
@@ -134,6 +138,10 @@ def _lock_file(folder: Path) -> Path:
     info = os.lstat(LOCK_DIR)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise PermissionError(errno.EPERM, f"{LOCK_DIR} is not a folder of this user's alone")
+
+
+def _lock_file(folder: Path) -> Path:
+    """The file in LOCK_DIR that stands for `folder`'s lock."""
     return LOCK_DIR / hashlib.sha256(os.fsencode(folder)).hexdigest()[:32]
 
 

@@ -336,3 +336,16 @@ def test_a_missing_cuda_toolchain_is_found_by_the_judge(monkeypatch):
 
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
     assert build.missing_toolchain().startswith("nvcc")
+
+
+def test_write_whole_replaces_a_file_at_once_or_not_at_all(tmp_path, monkeypatch):
+    """What the recorder restores a trace file with and the cached reference is written by: a reader sees the
+    old bytes or the new ones, and a failed write leaves the old ones and no temporary file."""
+    target = tmp_path / "op.jsonl"
+    target.write_bytes(b"old\n")
+    build.write_whole(target, b"new\n")
+    assert target.read_bytes() == b"new\n" and oct(target.stat().st_mode & 0o777) == "0o644"
+    monkeypatch.setattr(build.os, "replace", lambda *_: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(OSError):
+        build.write_whole(target, b"newer\n")
+    assert target.read_bytes() == b"new\n" and sorted(p.name for p in tmp_path.iterdir()) == ["op.jsonl"]

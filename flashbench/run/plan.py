@@ -7,7 +7,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..build import CACHE_DIR_NAME, HASH_LENGTH, FolderError, content_hash, is_documentation, read_file, walk_folder
+from ..build import (CACHE_DIR_NAME, HASH_LENGTH, FolderError, content_hash, is_documentation, read_file, walk_folder,
+                     write_whole)
 from ..errors import FlashbenchError
 from ..model import REFERENCE, Definition, Solution, Workload
 from ..model.solution import SHARED_FOLDER
@@ -207,9 +208,7 @@ def reference_candidate(repo: Repo, definition: Definition, cache_dir: Path) -> 
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / "reference.py"
     if not target.is_file() or target.read_text() != source:  # named by its digest: the same text once written
-        partial = folder / f".reference.py.{os.getpid()}"  # whole or not at all: another run may load it now
-        partial.write_text(source)
-        partial.replace(target)
+        write_whole(target, source.encode())  # another run may load it now
     solution = Solution(
         name=REFERENCE, definition=definition.name, author="flashbench", language="python",
         description=f"the reference of {entry.path.name}", entry_point="reference.py::run",

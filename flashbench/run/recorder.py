@@ -14,11 +14,11 @@ import hashlib
 import os
 import stat
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..build import write_whole
 from ..errors import FlashbenchError
 from ..model import Trace
 from ..calibrate import CALIBRATION_FILE
@@ -74,11 +74,7 @@ class TraceRecorder:
             aside = _aside(self.trace_file)
             try:
                 _write_new(aside, found)  # not lost: someone's records, or the forgery, for whoever looks
-                descriptor, restored = tempfile.mkstemp(prefix=".restore-", dir=self.trace_file.parent)  # never a link
-                with os.fdopen(descriptor, "wb") as handle:
-                    handle.write(self._written)
-                os.chmod(restored, 0o644)
-                os.replace(restored, self.trace_file)
+                write_whole(self.trace_file, self._written)
             except OSError as exc:
                 raise FlashbenchError(f"cannot restore the trace file: {exc.strerror}", self.trace_file) from None
             print(f"warning: {self.trace_file} changed during the run without flashbench writing it; restored, and "

@@ -39,10 +39,22 @@ _UNSHOWN = {"Cc", "Cf", "Zl", "Zp", "Cn", "Co", "Cs"}
 _JOINERS = "\u200c\u200d"  # format characters that Persian and Indic names need
 
 
+# Letters, marks and symbols drawn as a blank or as nothing: 'flashbench' + U+3164 (a Hangul filler, a letter) read
+# as the repository's own author on a board. The Hangul fillers, the Braille blank, the combining grapheme joiner,
+# the Khmer inherent vowels, the Mongolian and the other variation selectors.
+_BLANK = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f\u17b4\u17b5\u180b\u180c\u180d\u180f"
+                   + "".join(map(chr, range(0xFE00, 0xFE10))) + "".join(map(chr, range(0xE0100, 0xE01F0))))
+
+
 def _shown_as_written(text: str) -> str:
-    """LABEL's pattern refuses ASCII and C1 control characters; this, the other characters not shown as they are."""
+    """LABEL's pattern refuses ASCII and C1 control characters; this, the other characters not shown as they are,
+    and spaces that make two labels look alike (other than one ASCII space between words)."""
     if any(unicodedata.category(ch) in _UNSHOWN and ch not in _JOINERS for ch in text):
         raise ValueError("may not hold a control or format character (such as U+202E or U+200B) nor a line separator")
+    if any(ch in _BLANK or (unicodedata.category(ch) == "Zs" and ch != " ") for ch in text):
+        raise ValueError("may not hold a character shown as a blank or as nothing (such as U+3164 or U+00A0)")
+    if text != text.strip() or "  " in text:
+        raise ValueError("may not begin or end with a space nor hold two in a row")
     return text
 
 

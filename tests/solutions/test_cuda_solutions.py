@@ -132,6 +132,7 @@ EXPECTED_FOLDERS = (
     "mla_paged_decode_h16_ckv512_kpe64_ps1/cuda_splitkv/",
     "flashmla_decode_causal_h128_ckv512_kpe64_ps64/cuda_splitkv/",
     "flashmla_decode_causal_h16_ckv512_kpe64_ps64/cuda_splitkv/",
+    "flashmla_decode_causal_h128_ckv512_kpe64_ps64/cuda_wgmma/",
 )
 
 

@@ -28,7 +28,7 @@ from flashbench.build import content_hash
 from flashbench.run import RunOptions, Runner, sandbox, select_solutions, select_workloads
 from flashbench.run.judge.check import CheckedCall
 from flashbench.run.judge.references import ReferenceStore
-from flashbench.run.options import MIN_BATCHES, TARGET_BATCH_MS
+from flashbench.run.options import MIN_BATCHES, MIN_CHECKED_SAMPLES, TARGET_BATCH_MS
 from flashbench.run.session import (CLOSE_TIMEOUT_S, PAUSE_ATTEMPTS, Session, SessionSettings, _Deadline, _Job, _poison,
                                     _Stop, _Times, closed)
 from flashbench.run.protocol import Batch, Call, Close
@@ -203,7 +203,7 @@ def job(graph=False, checked_calls=None, slots=8, device="cpu", definition=None)
     stand_in = object.__new__(_Job)
     stand_in.settings = settings(graph, checked_calls)
     stand_in.session = SimpleNamespace(device=device, flush=SimpleNamespace(keyed=False))
-    stand_in.definition = definition
+    stand_in.definition = definition or SimpleNamespace(evaluator=SimpleNamespace(kind="allclose"))
     stand_in.worker = SimpleNamespace(log_tail=lambda: "the worker's log")
     stand_in.arena_sets = [{} for _ in range(3)]
     stand_in.arena_slots = [{} for _ in range(slots)]
@@ -730,3 +730,45 @@ def test_cheating_only_on_unchecked_calls_is_rejected(repo_copy, shared_cache, t
     statuses = {t.solution: (t.status, t.message) for t in result.traces}
     assert statuses["correct_dps"][0] == "PASSED", statuses
     assert statuses[name][0] == "REJECTED", statuses
+
+
+SAMPLING_REPO = Path(__file__).parent / "fixtures" / "sampling_repo"
+TOP_K = "top_k_sampling_from_probs_v64"
+
+
+def test_a_sampling_job_checks_enough_samples_however_few_checked_calls_are_asked(tmp_path):
+    """One sample per call and one checked call a batch asked (as on a GPU, 8 a job): the test saw a handful
+    of samples, on which an argmax sampler of two-category rows passed; the judge now checks timed calls
+    until there are MIN_CHECKED_SAMPLES, and an honest sampler still passes."""
+    from flashbench import api as fb
+
+    repo = tmp_path / "repo"
+    shutil.copytree(SAMPLING_REPO, repo)
+    (repo / "definitions/sampling" / f"{TOP_K}.workloads.yaml").write_text(textwrap.dedent(f"""\
+        definition: {TOP_K}
+        version: 1
+        workloads:
+        - uuid: 0c3e8f52-7d1a-4b69-8e2f-5a4d6c7b8e91
+          name: smoke_one_row
+          tags: [smoke]
+          axes: {{batch_size: 1}}
+          inputs:
+            probs: {{type: random, distribution: uniform}}
+            top_k: {{type: random, distribution: uniform, low: 2, high: 3}}
+        """))
+    draws = {"argmax": "probs.argmax(dim=1)",
+             "honest": "torch.multinomial(torch.where(probs >= probs.topk(2, dim=1).values[:, 1:], probs, 0), 1)[:, 0]"}
+    for name, draw in draws.items():
+        folder = repo / "solutions" / TOP_K / name
+        folder.mkdir(parents=True)
+        (folder / "kernel.py").write_text(f"import torch\n\n\ndef run(probs, top_k):\n    return {draw}\n")
+        (folder / "solution.yaml").write_text(
+            f"name: {name}\ndefinition: {TOP_K}\nauthor: tests\nlanguage: python\nentry_point: kernel.py::run\n"
+            "destination_passing_style: false\ndependencies: [torch]\n")
+    report = fb.run(TOP_K, ["argmax", "honest"], device="cpu", root=repo, trace_dir=tmp_path / "traces", iters=2,
+                    warmup=0, checked_calls=1, timeout=120)
+    results = {r.solution: r for r in report.results}
+    assert results["honest"].status == "PASSED", results["honest"].message
+    assert results["argmax"].status == "INCORRECT_NUMERICAL", results["argmax"].message
+    samples = int(results["argmax"].message.split("the ")[1].split(" samples")[0])
+    assert samples >= MIN_CHECKED_SAMPLES

@@ -202,7 +202,8 @@ def timing_options(func):
         click.option("--flush", type=click.Choice(list(FLUSH_METHODS)), default=DEFAULT_FLUSH, show_default=True,
                      help="How the L2 is flushed before each timed call (none: a warm L2); recorded in every trace."),
         click.option("--checked-calls", type=click.IntRange(0), default=None,
-                     help="Timed calls checked per pair, picked after they ran (default: all on a CPU, 8 on a GPU)."),
+                     help="Timed calls checked per pair, picked after they ran (default: all on a CPU, 8 on a GPU; "
+                          "a sampling definition's pairs check at least 512 samples)."),
         click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds for a build or a workload before the worker is killed."),
         click.option("--timing", type=click.Choice(TIMING_METHODS), default="events", show_default=True,
                      help="events: CUDA events per call; graph: CUDA-graph replay, free of launch overhead."),

@@ -73,3 +73,7 @@ SLOT_BUDGET_BYTES = {"cuda": 4 << 30, "cpu": 256 << 20}
 # reference ran 50 batches of one call, each checked, and took 30-45 s a workload on the H200.
 TIMED_BUDGET_MS = {"cuda": 2000.0, "cpu": 2000.0}
 GPU_CHECKED_CALLS = 8
+# A sampling definition's test has little power on few samples (an argmax sampler passes under about 35
+# samples of rows whose likeliest category has probability 0.5): its jobs check timed calls until each output
+# has at least this many samples, running more timed calls where the run's would not hold them.
+MIN_CHECKED_SAMPLES = 512

@@ -17,8 +17,9 @@ RUN_AGAIN = "MISSING_DEPENDENCY"
 # failure a since-fixed judge gave an honest solution, was kept by every later --resume (the checks' digest covers
 # the definition and its reference, not the harness).
 # 2: a solution's exception never ends its worker (CRASHED became RUNTIME_ERROR); 3: integer, boolean and FP4 outputs
-# poisoned with random values (a constant passed an unwritten element whose value it was), paths in a folder bounded.
-JUDGE_VERSION = 3
+# poisoned with random values (a constant passed an unwritten element whose value it was), paths in a folder bounded;
+# 4: a sampling definition's jobs check at least MIN_CHECKED_SAMPLES samples (an argmax sampler passed on a few).
+JUDGE_VERSION = 4
 TIMEOUT_KEY = "timeout_s"  # the run's --timeout, in every trace's environment
 
 

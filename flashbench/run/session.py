@@ -29,6 +29,7 @@ from .judge.clock import (Baseline, CleanSteps, disagreement, harness_per_call_m
                           summarize)
 from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
+from .options import MIN_CHECKED_SAMPLES
 from .protocol import MAX_BATCH_CALLS, Batch, BatchDone, Call, CallTimes, Close, Failed, Open, Opened, ReadTimes
 from .recipe import L2Flush, link_values, linked_calls, output_link
 from .supervisor import WorkerGone, WorkerProcess
@@ -315,7 +316,8 @@ class _Job:
             step_ms = sizing_ms / size
             size = self.batch_size(step_ms)
         affordable = settings.timed_budget_ms / max(size * step_ms, 1e-3)
-        batches = max(settings.min_batches, math.ceil(min(settings.iters / size, affordable)))
+        batches = max(settings.min_batches, math.ceil(min(settings.iters / size, affordable)),
+                      math.ceil(self.calls_for_samples() / size))
         picked = self.pick_checks(batches, size)
         for b in range(batches):
             calls = [self.fresh_call(k) for k in range(size)]
@@ -374,6 +376,7 @@ class _Job:
         per_batch = list(range(size))
         candidates = [(b, k) for b in range(batches) for k in per_batch]
         wanted = len(candidates) if self.settings.checked_calls is None else self.settings.checked_calls
+        wanted = max(wanted, self.calls_for_samples())
         chosen = {(b, _secret.choice(per_batch)) for b in range(batches)}
         rest = [c for c in candidates if c not in chosen]
         chosen |= set(_secret.sample(rest, max(0, min(wanted - len(chosen), len(rest)))))
@@ -381,6 +384,15 @@ class _Job:
         for b, k in sorted(chosen):
             picked.setdefault(b, []).append(k)
         return picked
+
+    def calls_for_samples(self) -> int:
+        """Timed calls to check so that a sampling definition's test has MIN_CHECKED_SAMPLES samples of each
+        output (the first batch's checked calls aside); 0 for other evaluators. Drawn among the timed calls
+        like any check, so a solution cannot tell them from the calls that go unchecked."""
+        if self.definition.evaluator.kind != "sampling":
+            return 0
+        per_call = min(tensor.numel() for tensor in self.arena_slots[0].values())
+        return math.ceil(MIN_CHECKED_SAMPLES / max(per_call, 1))
 
     def batch(self, calls: list[Call], timed: bool, graph: bool, picked: dict[int, str]) -> tuple[float, Batch]:
         """Run one batch; the judge's time for it (ms). The outputs are poisoned; after the batch the picked

@@ -56,7 +56,8 @@ Power: below that of the test against the probabilities themselves, and low with
 k = 1 draw (a reference store that runs the reference once) sees little. With 8 draws per checked
 call and the input's probabilities to rank by, a temperature-0.5, argmax or flattened sampler fails
 on 512 samples of peaked distributions (tests/test_evaluators.py: 16 checked calls of 32 rows); a
-smaller bias needs more checked calls (--checked-calls) or more draws. Without a probability or
+smaller bias needs more checked calls (--checked-calls) or more draws. A job checks at least
+MIN_CHECKED_SAMPLES (run/options.py) samples of each output, whatever --checked-calls asks. Without a probability or
 logit input, categories are ranked by their counts alone, which tells little where an element's
 k + 1 values are mostly distinct (flat distributions over a large vocabulary): there the support
 check is what has teeth.

@@ -1,9 +1,9 @@
 """`flashbench leaderboard`, `compare` and `report`: reading recorded traces."""
 
 import contextlib
+import io
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 import click
@@ -60,9 +60,10 @@ def output_file(out: Path):
     """`out` to write, never a file boards read (`report --out` onto the trace file it read replaced every record
     with Markdown). A plain file (or none yet) is written whole or not at all, through a temporary file beside it
     that takes its mode; anything else (a terminal, a pipe, /dev/stdout, a link) is written as it is."""
-    from ..calibrate import CALIBRATION_FILE
+    from ..build import write_whole
+    from ..run.recorder import read_by_boards
 
-    if any(name.endswith(".jsonl") or name == CALIBRATION_FILE for name in (out.name, Path(os.path.realpath(out)).name)):
+    if read_by_boards(out) or read_by_boards(Path(os.path.realpath(out))):
         raise FlashbenchError("--out may not name a trace file or a calibration (*.jsonl, calibration.json): "
                               "boards read those", out)
     try:
@@ -76,16 +77,9 @@ def output_file(out: Path):
             with open(out, "w") as handle:
                 yield handle
         else:
-            descriptor, partial = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-            try:
-                with os.fdopen(descriptor, "w") as handle:
-                    yield handle
-                os.chmod(partial, stat.S_IMODE(found.st_mode) if found else 0o666 & ~_umask())
-                os.replace(partial, out)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(partial)
-                raise
+            text = io.StringIO()
+            yield text
+            write_whole(out, text.getvalue().encode(), stat.S_IMODE(found.st_mode) if found else 0o666 & ~_umask())
     except OSError as exc:
         raise FlashbenchError(f"cannot write: {exc.strerror}", out) from None
     # on stderr when the output is no file (/dev/stdout: the notice would end a JSON document)

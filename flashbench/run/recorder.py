@@ -132,7 +132,7 @@ def _write_new(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def _watched(path: Path) -> bool:
+def read_by_boards(path: Path) -> bool:
     """What a board reads: trace files and calibrations (read_results, calibrate.calibration_path)."""
     return path.name.endswith(".jsonl") or path.name == CALIBRATION_FILE
 
@@ -141,7 +141,7 @@ def _stamps(folder: Path) -> dict[Path, _Stamp]:
     stamps = {}
     for path in folder.rglob("*"):
         # every link, whatever its name: boards follow one to a folder (traces/<hardware> leading elsewhere)
-        if not path.is_symlink() and (path.is_dir() or not _watched(path)):
+        if not path.is_symlink() and (path.is_dir() or not read_by_boards(path)):
             continue
         with contextlib.suppress(FileNotFoundError):  # gone since it was listed (an editor's swap file)
             stamps[path] = _stamp(path)

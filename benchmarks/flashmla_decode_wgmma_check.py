@@ -1,14 +1,18 @@
-"""Checks the `cuda_wgmma` decode kernel on a GPU against an fp32 reference, then times it beside FlashMLA.
+"""Checks a wgmma decode kernel on a GPU against an fp32 reference, then times it beside FlashMLA.
 
-    python benchmarks/flashmla_decode_wgmma_check.py
+    python benchmarks/flashmla_decode_wgmma_check.py [SHARED_FOLDER] [--any-heads]
 
-Builds `solutions/_shared/flashmla_decode_cuda_wgmma` with the folder's own flags (torch's extension
-loader, into a temporary folder), runs nine shapes (1 to 200 requests, lengths 1 to 5000, one and two
-query tokens, 64 and 128 heads; cache blocks scrambled; NaN in every cache slot past a request's length)
-and compares out and lse with an fp32 computation of the definition's math; exits 1 if any differs.
-Then times b128 L4096 / L8192 (one and two query tokens) and one request of 32768 keys with
-`triton.testing.do_bench` (its own L2 handling, not the harness's), and FlashMLA's SM90 kernel on the same
-inputs when `flash_mla` imports. A development check: the harness's verdicts and times are `flashbench run`'s.
+Builds `solutions/_shared/SHARED_FOLDER` (default `flashmla_decode_cuda_wgmma`) with the folders' flags
+(torch's extension loader, into a temporary folder), runs nine shapes (1 to 200 requests, lengths 1 to
+5000, one and two query tokens, 64 and 128 heads; cache blocks scrambled; NaN in every cache slot past a
+request's length), with `--any-heads` also head counts that are not multiples of 64 (16, 48; fewer rows
+than one 64-row block; a last block past q's end), and compares out and lse with an fp32 computation of
+the definition's math; exits 1 if any differs. Then times, at 128 heads, b128 L4096 / L8192 (one and
+two query tokens), one request of 32768 keys, b128 with lengths drawn from [64, 8192], one request of
+65536 keys beside 31 of 1024, and 4100 requests of 256 keys (with `--any-heads` also b128 L8192, the
+drawn lengths and the skewed batch at 16 heads) with `triton.testing.do_bench` (its own L2 handling,
+not the harness's), and FlashMLA's SM90 kernel on the same inputs when `flash_mla` imports. A
+development check: the harness's verdicts and times are `flashbench run`'s.
 """
 
 import math
@@ -20,7 +24,7 @@ from pathlib import Path
 import torch
 from torch.utils.cpp_extension import load
 
-SOURCES = Path(__file__).resolve().parents[1] / "solutions" / "_shared" / "flashmla_decode_cuda_wgmma"
+SHARED = Path(__file__).resolve().parents[1] / "solutions" / "_shared"
 FLAGS = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "--use_fast_math", "-lineinfo"]
 SCALE = 1 / math.sqrt(576)
 
@@ -74,19 +78,19 @@ def check(module, name, batch, s_q, heads, lengths) -> bool:
     return ok
 
 
-def timings(module):
+def timings(module, cases):
     from triton.testing import do_bench
     try:
         import flash_mla
     except ImportError:
         flash_mla = None
-    for batch, length, s_q in [(128, 4096, 1), (128, 8192, 1), (128, 4096, 2), (1, 32768, 1)]:
+    for name, s_q, heads, lengths in cases:
         torch.manual_seed(0)
-        q, cache, table, lengths = inputs(batch, s_q, 128, [length] * batch, nan_past_end=False)
+        q, cache, table, lengths = inputs(len(lengths), s_q, heads, lengths, nan_past_end=False)
         out, lse = outputs(q)
         ours = do_bench(lambda: module.run(q, cache, table, lengths, SCALE, out, lse), warmup=50, rep=300)
-        flops = batch * s_q * 128 * length * (576 + 512) * 2
-        line = f"b{batch} L{length} sq{s_q}: ours {ours * 1e3:.1f} us ({flops / ours / 1e9:.0f} TFLOP/s)"
+        flops = s_q * heads * int(lengths.sum()) * (576 + 512) * 2
+        line = f"{name}: ours {ours * 1e3:.1f} us ({flops / ours / 1e9:.0f} TFLOP/s)"
         if flash_mla is not None:
             meta, _ = flash_mla.get_mla_metadata()
 
@@ -100,11 +104,13 @@ def timings(module):
         print(line, flush=True)
 
 
-def main() -> int:
+def main(argv) -> int:
+    any_heads = "--any-heads" in argv
+    folder = SHARED / next((arg for arg in argv if not arg.startswith("--")), "flashmla_decode_cuda_wgmma")
     started = time.time()
     with tempfile.TemporaryDirectory() as build:
-        module = load(name="flashmla_wgmma_check", sources=[str(SOURCES / "flashmla_decode_wgmma.cu"),
-                                                             str(SOURCES / "binding.cpp")],
+        module = load(name=f"check_{folder.name}", sources=[str(folder / "flashmla_decode_wgmma.cu"),
+                                                              str(folder / "binding.cpp")],
                       extra_cuda_cflags=FLAGS, build_directory=build)
         print(f"built in {time.time() - started:.0f} s", flush=True)
         shapes = [("b1 L64", 1, 1, 64, [64]), ("b1 L128", 1, 1, 64, [128]), ("b1 L100", 1, 1, 64, [100]),
@@ -112,11 +118,25 @@ def main() -> int:
                   ("b1 L1000", 1, 1, 128, [1000]), ("b3 L5000 sq2", 3, 2, 128, [5000, 4097, 130]),
                   ("b64 L700", 64, 1, 128, [700] * 64),
                   ("b200 var", 200, 1, 128, [int(x) for x in torch.randint(1, 3000, (200,))])]
+        var = [int(x) for x in torch.randint(64, 8193, (128,), generator=torch.Generator().manual_seed(1))]
+        cases = [("b128 L4096 sq1 h128", 1, 128, [4096] * 128), ("b128 L8192 sq1 h128", 1, 128, [8192] * 128),
+                 ("b128 L4096 sq2 h128", 2, 128, [4096] * 128), ("b1 L32768 sq1 h128", 1, 128, [32768]),
+                 ("b128 var8192 sq1 h128", 1, 128, var), ("b128 var8192 sq2 h128", 2, 128, var),
+                 ("b32 skewed sq2 h128", 2, 128, [65536] + [1024] * 31), ("b4100 L256 sq2 h128", 2, 128, [256] * 4100)]
+        if any_heads:
+            shapes += [("b1 L64 h16", 1, 1, 16, [64]), ("b1 L1 sq2 h16", 1, 2, 16, [2]),
+                       ("b3 L300 sq2 h16", 3, 2, 16, [300, 2, 129]),
+                       ("b5 L2000 sq3 h48", 5, 3, 48, [2000, 64, 3, 999, 70]),
+                       ("b200 var sq2 h16", 200, 2, 16, [int(x) for x in torch.randint(2, 3000, (200,))]),
+                       ("b32 skewed sq2 h16", 32, 2, 16, [5000] + [300] * 31),
+                       ("b300 L256 sq2 h128", 300, 2, 128, [256] * 300)]
+            cases += [("b128 L8192 sq1 h16", 1, 16, [8192] * 128), ("b128 L8192 sq2 h16", 2, 16, [8192] * 128),
+                      ("b128 var8192 sq2 h16", 2, 16, var), ("b32 skewed sq2 h16", 2, 16, [65536] + [1024] * 31)]
         if not all([check(module, *shape) for shape in shapes]):
             return 1
-        timings(module)
+        timings(module, cases)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

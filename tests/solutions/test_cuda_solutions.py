@@ -133,6 +133,7 @@ EXPECTED_FOLDERS = (
     "flashmla_decode_causal_h128_ckv512_kpe64_ps64/cuda_splitkv/",
     "flashmla_decode_causal_h16_ckv512_kpe64_ps64/cuda_splitkv/",
     "flashmla_decode_causal_h128_ckv512_kpe64_ps64/cuda_wgmma/",
+    "flashmla_decode_causal_h16_ckv512_kpe64_ps64/cuda_wgmma_balanced/",
 )
 
 

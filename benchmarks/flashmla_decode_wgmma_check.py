@@ -1,6 +1,6 @@
 """Checks a wgmma decode kernel on a GPU against an fp32 reference, then times it beside FlashMLA.
 
-    python benchmarks/flashmla_decode_wgmma_check.py [SHARED_FOLDER] [--any-heads]
+    python benchmarks/flashmla_decode_wgmma_check.py [SHARED_FOLDER] [--any-heads] [--kernels]
 
 Builds `solutions/_shared/SHARED_FOLDER` (default `flashmla_decode_cuda_wgmma`) with the folders' flags
 (torch's extension loader, into a temporary folder), runs nine shapes (1 to 200 requests, lengths 1 to
@@ -11,8 +11,9 @@ the definition's math; exits 1 if any differs. Then times, at 128 heads, b128 L4
 two query tokens), one request of 32768 keys, b128 with lengths drawn from [64, 8192], one request of
 65536 keys beside 31 of 1024, and 4100 requests of 256 keys (with `--any-heads` also b128 L8192, the
 drawn lengths and the skewed batch at 16 heads) with `triton.testing.do_bench` (its own L2 handling,
-not the harness's), and FlashMLA's SM90 kernel on the same inputs when `flash_mla` imports. A
-development check: the harness's verdicts and times are `flashbench run`'s.
+not the harness's), and FlashMLA's SM90 kernel on the same inputs when `flash_mla` imports; with
+`--kernels`, also each of our kernels' mean time over ten calls under `torch.profiler`. A development
+check: the harness's verdicts and times are `flashbench run`'s.
 """
 
 import math
@@ -78,7 +79,21 @@ def check(module, name, batch, s_q, heads, lengths) -> bool:
     return ok
 
 
-def timings(module, cases):
+def kernel_times(call) -> str:
+    """Each CUDA kernel's mean time over ten calls (after five), as 'name us; ...'."""
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        for _ in range(10):
+            call()
+        torch.cuda.synchronize()
+    kernels = [row for row in profile.key_averages() if row.self_device_time_total > 0]
+    kernels.sort(key=lambda row: -row.self_device_time_total)
+    return "; ".join(f"{row.key.split('(')[0]} {row.self_device_time_total / 10:.1f} us" for row in kernels)
+
+
+def timings(module, cases, kernels=False):
     from triton.testing import do_bench
     try:
         import flash_mla
@@ -91,6 +106,8 @@ def timings(module, cases):
         ours = do_bench(lambda: module.run(q, cache, table, lengths, SCALE, out, lse), warmup=50, rep=300)
         flops = s_q * heads * int(lengths.sum()) * (576 + 512) * 2
         line = f"{name}: ours {ours * 1e3:.1f} us ({flops / ours / 1e9:.0f} TFLOP/s)"
+        if kernels:
+            line += f" [{kernel_times(lambda: module.run(q, cache, table, lengths, SCALE, out, lse))}]"
         if flash_mla is not None:
             meta, _ = flash_mla.get_mla_metadata()
 
@@ -134,7 +151,7 @@ def main(argv) -> int:
                       ("b128 var8192 sq2 h16", 2, 16, var), ("b32 skewed sq2 h16", 2, 16, [65536] + [1024] * 31)]
         if not all([check(module, *shape) for shape in shapes]):
             return 1
-        timings(module, cases)
+        timings(module, cases, kernels="--kernels" in argv)
     return 0
 
 

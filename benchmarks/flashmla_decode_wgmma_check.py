@@ -1,19 +1,19 @@
 """Checks a wgmma decode kernel on a GPU against an fp32 reference, then times it beside FlashMLA.
 
-    python benchmarks/flashmla_decode_wgmma_check.py [SHARED_FOLDER] [--any-heads] [--kernels]
+    python benchmarks/flashmla_decode_wgmma_check.py [SOLUTION] [--any-heads] [--kernels]
 
-Builds `solutions/_shared/SHARED_FOLDER` (default `flashmla_decode_cuda_wgmma`) with the folders' flags
-(torch's extension loader, into a temporary folder), runs nine shapes (1 to 200 requests, lengths 1 to
-5000, one and two query tokens, 64 and 128 heads; cache blocks scrambled; NaN in every cache slot past a
-request's length), with `--any-heads` also head counts that are not multiples of 64 (16, 48; fewer rows
-than one 64-row block; a last block past q's end), and compares out and lse with an fp32 computation of
-the definition's math; exits 1 if any differs. Then times, at 128 heads, b128 L4096 / L8192 (one and
-two query tokens), one request of 32768 keys, b128 with lengths drawn from [64, 8192], one request of
-65536 keys beside 31 of 1024, and 4100 requests of 256 keys (with `--any-heads` also b128 L8192, the
-drawn lengths and the skewed batch at 16 heads) with `triton.testing.do_bench` (its own L2 handling,
-not the harness's), and FlashMLA's SM90 kernel on the same inputs when `flash_mla` imports; with
-`--kernels`, also each of our kernels' mean time over ten calls under `torch.profiler`. A development
-check: the harness's verdicts and times are `flashbench run`'s.
+Builds the solution folder SOLUTION (default `cuda_wgmma`) of the 128-head definition as a worker does
+(staged with its shared files, its own compile flags; into a temporary folder), runs nine shapes (1 to
+200 requests, lengths 1 to 5000, one and two query tokens, 64 and 128 heads; cache blocks scrambled; NaN
+in every cache slot past a request's length), with `--any-heads` also head counts that are not multiples
+of 64 (16, 48; fewer rows than one 64-row block; a last block past q's end), and compares out and lse
+with an fp32 computation of the definition's math; exits 1 if any differs. Then times, at 128 heads, b128
+L4096 / L8192 (one and two query tokens), one request of 32768 keys, b128 with lengths drawn from [64,
+8192], one request of 65536 keys beside 31 of 1024, and 4100 requests of 256 keys (with `--any-heads`
+also b128 L8192, the drawn lengths and the skewed batch at 16 heads) with `triton.testing.do_bench` (its
+own L2 handling, not the harness's), and FlashMLA's SM90 kernel on the same inputs when `flash_mla`
+imports; with `--kernels`, also each of our kernels' mean time over ten calls under `torch.profiler`. A
+development check: the harness's verdicts and times are `flashbench run`'s.
 """
 
 import math
@@ -23,11 +23,21 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.cpp_extension import load
 
-SHARED = Path(__file__).resolve().parents[1] / "solutions" / "_shared"
-FLAGS = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "--use_fast_math", "-lineinfo"]
+from flashbench import Repo
+from flashbench.build import load_entry_point
+from flashbench.run.plan import solution_candidate
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFINITION = "flashmla_decode_causal_h128_ckv512_kpe64_ps64"
 SCALE = 1 / math.sqrt(576)
+
+
+def entry_point(name: str, cache: Path):
+    """The `run` of solution `name` of the 128-head definition, staged and built as a worker builds it."""
+    folders = {folder.solution.name: folder for folder in Repo(ROOT).solution_folders(DEFINITION)}
+    candidate = solution_candidate(folders[name], cache)
+    return load_entry_point(candidate.folder, candidate.solution, cache)
 
 
 def inputs(batch, s_q, heads, lengths, nan_past_end=True):
@@ -64,11 +74,11 @@ def outputs(q):
             torch.full((batch, heads, s_q), float("nan"), dtype=torch.float32, device="cuda"))
 
 
-def check(module, name, batch, s_q, heads, lengths) -> bool:
+def check(run, name, batch, s_q, heads, lengths) -> bool:
     torch.manual_seed(0)
     q, cache, table, lengths = inputs(batch, s_q, heads, lengths)
     out, lse = outputs(q)
-    module.run(q, cache, table, lengths, SCALE, out, lse)
+    run(q, cache, table, lengths, SCALE, out, lse)
     torch.cuda.synchronize()
     want_out, want_lse = reference(q, cache, table, lengths)
     out_err = (out.float() - want_out).abs()
@@ -93,7 +103,7 @@ def kernel_times(call) -> str:
     return "; ".join(f"{row.key.split('(')[0]} {row.self_device_time_total / 10:.1f} us" for row in kernels)
 
 
-def timings(module, cases, kernels=False):
+def timings(run, cases, kernels=False):
     from triton.testing import do_bench
     try:
         import flash_mla
@@ -103,11 +113,11 @@ def timings(module, cases, kernels=False):
         torch.manual_seed(0)
         q, cache, table, lengths = inputs(len(lengths), s_q, heads, lengths, nan_past_end=False)
         out, lse = outputs(q)
-        ours = do_bench(lambda: module.run(q, cache, table, lengths, SCALE, out, lse), warmup=50, rep=300)
+        ours = do_bench(lambda: run(q, cache, table, lengths, SCALE, out, lse), warmup=50, rep=300)
         flops = s_q * heads * int(lengths.sum()) * (576 + 512) * 2
         line = f"{name}: ours {ours * 1e3:.1f} us ({flops / ours / 1e9:.0f} TFLOP/s)"
         if kernels:
-            line += f" [{kernel_times(lambda: module.run(q, cache, table, lengths, SCALE, out, lse))}]"
+            line += f" [{kernel_times(lambda: run(q, cache, table, lengths, SCALE, out, lse))}]"
         if flash_mla is not None:
             meta, _ = flash_mla.get_mla_metadata()
 
@@ -123,12 +133,10 @@ def timings(module, cases, kernels=False):
 
 def main(argv) -> int:
     any_heads = "--any-heads" in argv
-    folder = SHARED / next((arg for arg in argv if not arg.startswith("--")), "flashmla_decode_cuda_wgmma")
+    name = next((arg for arg in argv if not arg.startswith("--")), "cuda_wgmma")
     started = time.time()
     with tempfile.TemporaryDirectory() as build:
-        module = load(name=f"check_{folder.name}", sources=[str(folder / "flashmla_decode_wgmma.cu"),
-                                                              str(folder / "binding.cpp")],
-                      extra_cuda_cflags=FLAGS, build_directory=build)
+        run = entry_point(name, Path(build))
         print(f"built in {time.time() - started:.0f} s", flush=True)
         shapes = [("b1 L64", 1, 1, 64, [64]), ("b1 L128", 1, 1, 64, [128]), ("b1 L100", 1, 1, 64, [100]),
                   ("b1 L1 h128", 1, 1, 128, [1]), ("b2 L300 sq2", 2, 2, 128, [300, 77]),
@@ -149,9 +157,9 @@ def main(argv) -> int:
                        ("b300 L256 sq2 h128", 300, 2, 128, [256] * 300)]
             cases += [("b128 L8192 sq1 h16", 1, 16, [8192] * 128), ("b128 L8192 sq2 h16", 2, 16, [8192] * 128),
                       ("b128 var8192 sq2 h16", 2, 16, var), ("b32 skewed sq2 h16", 2, 16, [65536] + [1024] * 31)]
-        if not all([check(module, *shape) for shape in shapes]):
+        if not all([check(run, *shape) for shape in shapes]):
             return 1
-        timings(module, cases, kernels="--kernels" in argv)
+        timings(run, cases, kernels="--kernels" in argv)
     return 0
 
 

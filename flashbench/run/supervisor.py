@@ -185,9 +185,10 @@ class WorkerProcess:
         raise self.end("REJECTED", "the worker sent a frame it was not asked for (a reply queued ahead)")
 
     def end(self, status: str, message: str) -> WorkerGone:
-        """Close the worker; the error that says why, with its log."""
+        """Close the worker at once, without a Stop: it has just failed to answer or answered wrongly (a hung
+        one would hold the judge for the Stop's 2 s). The error that says why, with its log."""
         log = self.log_tail()
-        self.close()
+        self.close(ask=False)
         return WorkerGone(status, message, log)
 
     def leftovers(self) -> list[int]:
@@ -266,10 +267,10 @@ class WorkerProcess:
             return f"{held / 2**30:.1f} GiB in {files} files and folders"
         return None
 
-    def close(self) -> None:
-        """Ends the worker and everything in its sandbox; removes its files, and its solution's build directory
-        when that is over its limits (build_dir_overfull). Safe to call twice."""
-        if self.process.poll() is None:
+    def close(self, ask: bool = True) -> None:
+        """Ends the worker and everything in its sandbox (`ask`: first asking it to stop); removes its files, and
+        its solution's build directory when that is over its limits (build_dir_overfull). Safe to call twice."""
+        if ask and self.process.poll() is None:
             try:
                 self.channel.send(Stop(), timeout=2)
                 self.process.wait(timeout=2)

@@ -325,11 +325,18 @@ def test_a_hang_times_out_and_the_worker_is_ended(start, tmp_path):
     """)
     assert isinstance(worker.ask(Probe(), 120), Ready)
     host_pid = sandbox.worker_pid(worker.process.pid, worker.isolation)
+    sent, send = [], worker.channel.send
+
+    def recording_send(frame, *args, **kwargs):
+        sent.append(type(frame).__name__)
+        return send(frame, *args, **kwargs)
+    worker.channel.send = recording_send
     with pytest.raises(WorkerGone) as gone:
         worker.ask(Build(), 1)
     assert (gone.value.status, gone.value.message) == ("TIMEOUT", "no answer within 1 s")
     assert "hanging" in gone.value.log
     assert not worker.alive() and ended(host_pid)
+    assert "Stop" not in sent  # killed at once: a hung worker would never read a Stop
     assert left_in(tmp_path / "workers") == []
 
 

@@ -13,11 +13,11 @@
 #include <limits>
 
 namespace flashmla_wgmma {
-int choose_parts(int blocks_per_request, int num_sms);
+int choose_parts(int blocks_per_request, int batch, int num_sms);
 cudaError_t launch(const void* q, const void* k_cache, int64_t num_blocks, const int* block_table,
                    const int* cache_seqlens, int batch, int s_q, int h_q, int max_blocks, float softmax_scale,
-                   void* out, float* lse, int* prefix, float* part_o, float* part_lse, int num_parts,
-                   cudaStream_t stream);
+                   void* out, float* lse, int* prefix, int4* cuts, int* num_cuts, float* part_o,
+                   float* part_lse, int num_parts, cudaStream_t stream);
 }  // namespace flashmla_wgmma
 
 namespace {
@@ -84,19 +84,23 @@ void run(torch::Tensor q, torch::Tensor k_cache, torch::Tensor block_table, torc
 
   const c10::cuda::CUDAGuard guard(device);
   const int64_t blocks_per_request = (s_q * h_q + kRows - 1) / kRows;
-  const int num_parts = flashmla_wgmma::choose_parts(static_cast<int>(blocks_per_request),
+  const int num_parts = flashmla_wgmma::choose_parts(static_cast<int>(blocks_per_request), static_cast<int>(batch),
                                                      multiprocessors(device.index()));
-  // One allocation for the partials and the plan; the caching allocator keeps it stream-ordered.
+  // One allocation for the partials and the plan; the caching allocator keeps it stream-ordered. slots is
+  // a multiple of 128, so the cut list after the partials is 16-byte aligned.
   const int64_t slots = 2 * static_cast<int64_t>(num_parts) * blocks_per_request * kRows;
-  torch::Tensor workspace = torch::empty({slots * (kDimV + 1) + batch + 1},
+  torch::Tensor workspace = torch::empty({slots * (kDimV + 1) + 4 * static_cast<int64_t>(num_parts) + 1 + batch + 1},
                                          torch::TensorOptions().dtype(torch::kFloat32).device(device));
   float* part_o = workspace.data_ptr<float>();
   float* part_lse = part_o + slots * kDimV;
-  int* prefix = reinterpret_cast<int*>(part_lse + slots);
+  int4* cuts = reinterpret_cast<int4*>(part_lse + slots);
+  int* num_cuts = reinterpret_cast<int*>(cuts + num_parts);
+  int* prefix = num_cuts + 1;
   const cudaError_t err = flashmla_wgmma::launch(
       q.data_ptr(), k_cache.data_ptr(), k_cache.size(0), block_table.data_ptr<int>(), cache_seqlens.data_ptr<int>(),
       static_cast<int>(batch), static_cast<int>(s_q), static_cast<int>(h_q), static_cast<int>(max_blocks),
-      static_cast<float>(softmax_scale), out.data_ptr(), lse.data_ptr<float>(), prefix, part_o, part_lse, num_parts,
+      static_cast<float>(softmax_scale), out.data_ptr(), lse.data_ptr<float>(), prefix, cuts, num_cuts, part_o, part_lse,
+      num_parts,
       c10::cuda::getCurrentCUDAStream(device.index()).stream());
   TORCH_CHECK(err == cudaSuccess, "flashmla wgmma decode launch failed: ", cudaGetErrorString(err));
 }

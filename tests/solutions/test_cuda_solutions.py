@@ -134,6 +134,10 @@ EXPECTED_FOLDERS = (
     "flashmla_decode_causal_h16_ckv512_kpe64_ps64/cuda_splitkv/",
     "flashmla_decode_causal_h128_ckv512_kpe64_ps64/cuda_wgmma/",
     "flashmla_decode_causal_h16_ckv512_kpe64_ps64/cuda_wgmma_balanced/",
+    "flashmla_decode_causal_h128_ckv512_kpe64_ps64/cuda_wgmma_balanced/",
+    "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1/cuda_wgmma/",
+    "flashmla_sparse_prefill_h128_ckv512_kpe64_topk2048/cuda_wgmma/",
+    "flashmla_sparse_prefill_sink_topklen_h64_ckv512_kpe64_topk2048/cuda_wgmma/",
 )
 
 

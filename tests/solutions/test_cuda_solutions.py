@@ -9,7 +9,8 @@ shared memory, stack per kernel and target), and when `cuobjdump` is on PATH a c
 and asynchronous-copy instructions in the SASS, is printed (`pytest -n 0 -s` shows it).
 
 Skipped when `nvcc` is not on PATH. Each compile is cached under the system temp directory by a
-hash of the solution folder's files, the flags and the nvcc version, so repeated runs reuse it.
+hash of the staged folder's sources, the flags and the nvcc version, so repeated runs, and folders of
+several definitions that share one kernel, reuse it.
 `.cpp` bindings are not compiled here: they need torch's CUDA headers.
 """
 
@@ -59,8 +60,11 @@ def nvcc_version(nvcc: str) -> str:
 
 
 def folder_digest(folder: Path) -> bytes:
+    """The files a compile can read: not the manifest or notes, so that the folders of several definitions
+    sharing one kernel compile it once."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                       and p.name != "solution.yaml" and p.suffix != ".md"):
         digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.digest()
 

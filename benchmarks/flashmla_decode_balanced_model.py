@@ -73,7 +73,9 @@ def check(tiles, parts):
     for b, first, last, bit in cuts:
         covered = []
         for c in range(first, last + 1):
-            part = written[2 * c + (bit if c == first else 0)]
+            slot = 2 * c + (bit if c == first else 0)
+            part = written.get(slot)
+            assert part is not None, f"request {b} would merge slot {slot}, which nothing wrote"
             if part[0] == "empty":
                 continue
             assert part[1] == b, f"request {b} would merge request {part[1]}'s partial"

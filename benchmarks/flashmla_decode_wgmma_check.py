@@ -3,7 +3,7 @@
     python benchmarks/flashmla_decode_wgmma_check.py [SOLUTION] [--any-heads] [--kernels]
 
 Builds the solution folder SOLUTION (default `cuda_wgmma`) of the 128-head definition as a worker does
-(staged with its shared files, its own compile flags; into a temporary folder), runs nine shapes (1 to
+(staged with its shared files, its own compile flags; `Registry.load_solution`), runs nine shapes (1 to
 200 requests, lengths 1 to 5000, one and two query tokens, 64 and 128 heads; cache blocks scrambled; NaN
 in every cache slot past a request's length), with `--any-heads` also head counts that are not multiples
 of 64 (16, 48; fewer rows than one 64-row block; a last block past q's end), and compares out and lse
@@ -18,26 +18,16 @@ development check: the harness's verdicts and times are `flashbench run`'s.
 
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from flashbench import Repo
-from flashbench.build import load_entry_point
-from flashbench.run.plan import solution_candidate
+import flashbench as fb
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFINITION = "flashmla_decode_causal_h128_ckv512_kpe64_ps64"
 SCALE = 1 / math.sqrt(576)
-
-
-def entry_point(name: str, cache: Path):
-    """The `run` of solution `name` of the 128-head definition, staged and built as a worker builds it."""
-    folders = {folder.solution.name: folder for folder in Repo(ROOT).solution_folders(DEFINITION)}
-    candidate = solution_candidate(folders[name], cache)
-    return load_entry_point(candidate.folder, candidate.solution, cache)
 
 
 def inputs(batch, s_q, heads, lengths, nan_past_end=True):
@@ -135,32 +125,31 @@ def main(argv) -> int:
     any_heads = "--any-heads" in argv
     name = next((arg for arg in argv if not arg.startswith("--")), "cuda_wgmma")
     started = time.time()
-    with tempfile.TemporaryDirectory() as build:
-        run = entry_point(name, Path(build))
-        print(f"built in {time.time() - started:.0f} s", flush=True)
-        shapes = [("b1 L64", 1, 1, 64, [64]), ("b1 L128", 1, 1, 64, [128]), ("b1 L100", 1, 1, 64, [100]),
-                  ("b1 L1 h128", 1, 1, 128, [1]), ("b2 L300 sq2", 2, 2, 128, [300, 77]),
-                  ("b1 L1000", 1, 1, 128, [1000]), ("b3 L5000 sq2", 3, 2, 128, [5000, 4097, 130]),
-                  ("b64 L700", 64, 1, 128, [700] * 64),
-                  ("b200 var", 200, 1, 128, [int(x) for x in torch.randint(1, 3000, (200,))])]
-        var = [int(x) for x in torch.randint(64, 8193, (128,), generator=torch.Generator().manual_seed(1))]
-        cases = [("b128 L4096 sq1 h128", 1, 128, [4096] * 128), ("b128 L8192 sq1 h128", 1, 128, [8192] * 128),
-                 ("b128 L4096 sq2 h128", 2, 128, [4096] * 128), ("b1 L32768 sq1 h128", 1, 128, [32768]),
-                 ("b128 var8192 sq1 h128", 1, 128, var), ("b128 var8192 sq2 h128", 2, 128, var),
-                 ("b32 skewed sq2 h128", 2, 128, [65536] + [1024] * 31), ("b4100 L256 sq2 h128", 2, 128, [256] * 4100)]
-        if any_heads:
-            shapes += [("b1 L64 h16", 1, 1, 16, [64]), ("b1 L1 sq2 h16", 1, 2, 16, [2]),
-                       ("b3 L300 sq2 h16", 3, 2, 16, [300, 2, 129]),
-                       ("b5 L2000 sq3 h48", 5, 3, 48, [2000, 64, 3, 999, 70]),
-                       ("b200 var sq2 h16", 200, 2, 16, [int(x) for x in torch.randint(2, 3000, (200,))]),
-                       ("b32 skewed sq2 h16", 32, 2, 16, [5000] + [300] * 31),
-                       ("b300 L256 sq2 h128", 300, 2, 128, [256] * 300),
-                       ("b128 L130 h16", 128, 1, 16, [130] * 128), ("b64 L700 sq2 h16", 64, 2, 16, [700] * 64)]
-            cases += [("b128 L8192 sq1 h16", 1, 16, [8192] * 128), ("b128 L8192 sq2 h16", 2, 16, [8192] * 128),
-                      ("b128 var8192 sq2 h16", 2, 16, var), ("b32 skewed sq2 h16", 2, 16, [65536] + [1024] * 31)]
-        if not all([check(run, *shape) for shape in shapes]):
-            return 1
-        timings(run, cases, kernels="--kernels" in argv)
+    run = fb.load(ROOT).load_solution(DEFINITION, name)
+    print(f"built in {time.time() - started:.0f} s", flush=True)
+    shapes = [("b1 L64", 1, 1, 64, [64]), ("b1 L128", 1, 1, 64, [128]), ("b1 L100", 1, 1, 64, [100]),
+              ("b1 L1 h128", 1, 1, 128, [1]), ("b2 L300 sq2", 2, 2, 128, [300, 77]),
+              ("b1 L1000", 1, 1, 128, [1000]), ("b3 L5000 sq2", 3, 2, 128, [5000, 4097, 130]),
+              ("b64 L700", 64, 1, 128, [700] * 64),
+              ("b200 var", 200, 1, 128, [int(x) for x in torch.randint(1, 3000, (200,))])]
+    var = [int(x) for x in torch.randint(64, 8193, (128,), generator=torch.Generator().manual_seed(1))]
+    cases = [("b128 L4096 sq1 h128", 1, 128, [4096] * 128), ("b128 L8192 sq1 h128", 1, 128, [8192] * 128),
+             ("b128 L4096 sq2 h128", 2, 128, [4096] * 128), ("b1 L32768 sq1 h128", 1, 128, [32768]),
+             ("b128 var8192 sq1 h128", 1, 128, var), ("b128 var8192 sq2 h128", 2, 128, var),
+             ("b32 skewed sq2 h128", 2, 128, [65536] + [1024] * 31), ("b4100 L256 sq2 h128", 2, 128, [256] * 4100)]
+    if any_heads:
+        shapes += [("b1 L64 h16", 1, 1, 16, [64]), ("b1 L1 sq2 h16", 1, 2, 16, [2]),
+                   ("b3 L300 sq2 h16", 3, 2, 16, [300, 2, 129]),
+                   ("b5 L2000 sq3 h48", 5, 3, 48, [2000, 64, 3, 999, 70]),
+                   ("b200 var sq2 h16", 200, 2, 16, [int(x) for x in torch.randint(2, 3000, (200,))]),
+                   ("b32 skewed sq2 h16", 32, 2, 16, [5000] + [300] * 31),
+                   ("b300 L256 sq2 h128", 300, 2, 128, [256] * 300),
+                   ("b128 L130 h16", 128, 1, 16, [130] * 128), ("b64 L700 sq2 h16", 64, 2, 16, [700] * 64)]
+        cases += [("b128 L8192 sq1 h16", 1, 16, [8192] * 128), ("b128 L8192 sq2 h16", 2, 16, [8192] * 128),
+                  ("b128 var8192 sq2 h16", 2, 16, var), ("b32 skewed sq2 h16", 2, 16, [65536] + [1024] * 31)]
+    if not all([check(run, *shape) for shape in shapes]):
+        return 1
+    timings(run, cases, kernels="--kernels" in argv)
     return 0
 
 

@@ -4,7 +4,7 @@ beside FlashInfer's fa3 kernel.
     python benchmarks/paged_prefill_wgmma_check.py [SOLUTION] [--no-timing] [--skip-long]
 
 Builds the solution folder SOLUTION (default `cuda_wgmma`) of mla_paged_prefill_causal_h16_ckv512_kpe64_ps1 as a
-worker does (staged with its shared files, its own compile flags; into a temporary folder) and runs it on
+worker does (staged with its shared files, its own compile flags; `Registry.load_solution`) and runs it on
 hand-made shapes: one request with q_len = kv_len = 5, a prefix cache (q_len < kv_len), single-token queries,
 more queries than keys (rows that see no key), empty requests, 1500 requests of varied lengths, and one
 request of 8192 tokens. kv_indices is a random permutation of the pool's pages, every page no request
@@ -23,18 +23,16 @@ fa3 / ours. Exits 1 if any shape failed. A development check: the harness's verd
 import importlib.util
 import math
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
 import torch
 
-from flashbench import Repo, generate_inputs
+import flashbench as fb
+from flashbench import generate_inputs
 from flashbench.binding import bind_axes, output_shapes
-from flashbench.build import load_entry_point
 from flashbench.dtypes import torch_dtype
-from flashbench.run.plan import solution_candidate
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFINITION = "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1"
@@ -49,13 +47,6 @@ def reference_module():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def entry_point(name: str, cache: Path):
-    """The `run` of solution `name`, staged and built (or imported) as a worker does."""
-    folders = {folder.solution.name: folder for folder in Repo(ROOT).solution_folders(DEFINITION)}
-    candidate = solution_candidate(folders[name], cache)
-    return load_entry_point(candidate.folder, candidate.solution, cache)
 
 
 def make_inputs(q_lens, kv_lens, spare_pages=37, seed=0):
@@ -153,14 +144,14 @@ def visible_pairs(qo_indptr, kv_indptr):
     return float((q * k - q * (q - 1) / 2).sum())
 
 
-def timings(run, cache: Path) -> None:
+def timings(run) -> None:
     from triton.testing import do_bench
 
-    repo = Repo(ROOT)
+    repo = fb.load(ROOT)
     definition = repo.definition(DEFINITION)
     try:
         import flashinfer  # noqa: F401
-        fa3 = entry_point("flashinfer_fa3", cache)
+        fa3 = repo.load_solution(DEFINITION, "flashinfer_fa3")
     except Exception as exc:  # no flashinfer here: time ours alone
         print(f"flashinfer_fa3 unavailable ({exc!r}); timing ours alone", flush=True)
         fa3 = None
@@ -191,12 +182,11 @@ def main(argv) -> int:
     name = next((arg for arg in argv if not arg.startswith("--")), "cuda_wgmma")
     started = time.time()
     reference = reference_module()
-    with tempfile.TemporaryDirectory() as build:
-        run = entry_point(name, Path(build))
-        print(f"built {name} in {time.time() - started:.0f} s", flush=True)
-        results = [check(run, reference, *case) for case in shapes("--skip-long" in argv)]
-        if "--no-timing" not in argv:
-            timings(run, Path(build))
+    run = fb.load(ROOT).load_solution(DEFINITION, name)
+    print(f"built {name} in {time.time() - started:.0f} s", flush=True)
+    results = [check(run, reference, *case) for case in shapes("--skip-long" in argv)]
+    if "--no-timing" not in argv:
+        timings(run)
     failed = results.count(False)
     print("ALL PASS" if failed == 0 else f"{failed} of {len(results)} shapes FAILED", flush=True)
     return 1 if failed else 0

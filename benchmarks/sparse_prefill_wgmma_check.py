@@ -4,7 +4,7 @@
 
 For each of the four flashmla_sparse_prefill definitions (h128, h64, sink_topklen_h128, sink_topklen_h64)
 builds its solution folder SOLUTION (default `cuda_wgmma`) as a worker does (staged with its shared files,
-its own compile flags, through flashbench's loader; into a temporary folder), then runs several shapes:
+its own compile flags, through `Registry.load_solution`), then runs several shapes:
 a few tokens, a fresh prefill (token i sees min(2048, i + 1) entries, the rest -1), scattered invalid
 entries (-1, ids >= seq_len_kv, 2^31 - 1, whole 64-entry tiles and whole tokens invalid), topk_length
 shorter than topk (0, 1, 63, 64, 65, ..., with ids past it that point at NaN rows), and s_q = 4096 with
@@ -21,17 +21,14 @@ failed. A development check: the harness's verdicts and times are `flashbench ru
 import argparse
 import math
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
 import torch
 
-from flashbench import Repo
-from flashbench.build import load_entry_point
+import flashbench as fb
 from flashbench.run.judge.check import output_error
-from flashbench.run.plan import solution_candidate
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFINITIONS = [
@@ -42,13 +39,6 @@ DEFINITIONS = [
 ]
 TOPK = 2048
 INT_MAX = 2**31 - 1
-
-
-def entry_point(repo: Repo, definition: str, name: str, cache: Path):
-    """The entry function of solution `name` of `definition`, staged and built as a worker builds it."""
-    folders = {folder.solution.name: folder for folder in repo.solution_folders(definition)}
-    candidate = solution_candidate(folders[name], cache)
-    return load_entry_point(candidate.folder, candidate.solution, cache)
 
 
 def make_indices(s_q, s_kv, pattern, gen):
@@ -167,7 +157,7 @@ SHAPES = [  # label, s_q, s_kv, pattern
 def timings(repo, name, run, cases):
     from triton.testing import do_bench
     try:
-        peer = entry_point(repo, name, "flashmla", TIMING_CACHE)
+        peer = repo.load_solution(name, "flashmla")
     except Exception as exc:  # flash_mla missing or failing to import
         peer = None
         print(f"  flashmla solution unavailable: {exc!r}", flush=True)
@@ -196,8 +186,6 @@ def timings(repo, name, run, cases):
             traceback.print_exc()
 
 
-TIMING_CACHE = Path(tempfile.gettempdir()) / "sparse_prefill_wgmma_check"
-
 
 def main(argv) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -206,26 +194,25 @@ def main(argv) -> int:
     parser.add_argument("--only", default="", help="run the definitions whose name contains this")
     args = parser.parse_args(argv)
     solution, only = args.solution, args.only
-    repo = Repo(ROOT)
+    repo = fb.load(ROOT)
     failed = 0
-    with tempfile.TemporaryDirectory() as build:
-        for name in DEFINITIONS:
-            if only not in name:
-                continue
-            started = time.time()
-            try:
-                run = entry_point(repo, name, solution, Path(build))
-            except Exception:
-                print(f"FAIL {name}: build", flush=True)
-                traceback.print_exc()
-                failed += len(SHAPES)
-                continue
-            print(f"{name}/{solution}: built in {time.time() - started:.0f} s", flush=True)
-            for seed, (label, s_q, s_kv, pattern) in enumerate(SHAPES):
-                failed += not check_shape(repo, name, run, label, s_q, s_kv, pattern, seed)
-            if not args.no_timing:
-                timings(repo, name, run, [("s_q 4096 s_kv 32768 all valid", 4096, 32768, "full_distinct"),
-                                          ("s_q 4096 fresh", 4096, 4096, "fresh")])
+    for name in DEFINITIONS:
+        if only not in name:
+            continue
+        started = time.time()
+        try:
+            run = repo.load_solution(name, solution)
+        except Exception:
+            print(f"FAIL {name}: build", flush=True)
+            traceback.print_exc()
+            failed += len(SHAPES)
+            continue
+        print(f"{name}/{solution}: built in {time.time() - started:.0f} s", flush=True)
+        for seed, (label, s_q, s_kv, pattern) in enumerate(SHAPES):
+            failed += not check_shape(repo, name, run, label, s_q, s_kv, pattern, seed)
+        if not args.no_timing:
+            timings(repo, name, run, [("s_q 4096 s_kv 32768 all valid", 4096, 32768, "full_distinct"),
+                                      ("s_q 4096 fresh", 4096, 4096, "fresh")])
     print(f"{'ALL PASS' if failed == 0 else f'{failed} shape(s) FAILED'}", flush=True)
     return 1 if failed else 0
 

@@ -135,17 +135,31 @@ class Registry(Repo):
         if chosen is None:
             return Best(self.definition(name), REFERENCE, hardware, None, None, self._reference_callable(name), False)
         folder, speedup = chosen
+        return Best(self.definition(name), folder.solution.name, hardware, speedup, folder.path,
+                    self._entry_function(folder), folder.solution.destination_passing_style)
+
+    def load_solution(self, definition: str, solution: str) -> Callable:
+        """The entry function of a solution folder of a definition, staged with its shared files and built as
+        a worker builds it, loaded into this process; called as its folder says (destination-passing or
+        returning its outputs)."""
+        name = self.resolve(definition)
+        folders = {folder.solution.name: folder for folder in self.solution_folders(name)}
+        if solution not in folders:
+            known = ", ".join(sorted(folders)) or "none"
+            raise FlashbenchError(f"no solution {solution!r} of {name}; there are: {known}",
+                                  self.root / "solutions" / name)
+        return self._entry_function(folders[solution])
+
+    def _entry_function(self, folder: SolutionFolder) -> Callable:
         cache_dir = self.root / CACHE_DIR_NAME
         loaded = solution_candidate(folder, cache_dir)  # the folder, staged with its shared files, as a worker loads it
         try:
             # Built apart from the workers' build directories, which a worker writes: what this process
             # loads must come from the hashed files alone.
-            function = load_entry_point(loaded.folder, loaded.solution, cache_dir / "build-in-process" / loaded.hash)
+            return load_entry_point(loaded.folder, loaded.solution, cache_dir / "build-in-process" / loaded.hash)
         except BuildError as exc:
             raise FlashbenchError(f"cannot load solution {folder.solution.name}: {exc}", folder.path / "solution.yaml",
                                   "entry_point") from None
-        return Best(self.definition(name), folder.solution.name, hardware, speedup, folder.path, function,
-                    folder.solution.destination_passing_style)
 
     def _reference_callable(self, name: str) -> Callable:
         """The reference, called as a solution: a sampling definition's returns distributions, so it samples them."""

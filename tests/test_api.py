@@ -300,3 +300,12 @@ def test_the_documented_example_runs(tmp_path, monkeypatch):
     exec(compile(example, "docs/python_api.md", "exec"), namespace)
     assert [r.status for r in namespace["report"].results] == ["PASSED", "PASSED"]
     assert not namespace["results"].empty and namespace["output"].shape == (4, 16, 512)
+
+
+def test_load_solution_gives_a_folders_entry_function(registry, workloads):
+    function = registry.load_solution("mla_paged_decode", "fast_returning")  # a prefix of the definition
+    inputs = decode_inputs(registry, workloads[0])
+    assert all(torch.equal(got, want) for got, want in zip(function(*inputs.values()),
+                                                           registry.reference(DECODE)(*inputs.values())))
+    with pytest.raises(FlashbenchError, match="no solution 'missing' of .*; there are: .*fast_dps"):
+        registry.load_solution(DECODE, "missing")

@@ -41,51 +41,22 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "mla_wgmma_tile.cuh"  // the tile step and Hopper wrappers, shared with our other wgmma kernels
+
 #ifndef FLASHMLA_WGMMA_PDL
 #define FLASHMLA_WGMMA_PDL 1  // launch the merge kernel with programmatic dependent launch
 #endif
 
 namespace flashmla_wgmma {
 
+using namespace mla_tile;
+
 constexpr int kMaxGridY = 65535;
-constexpr int kRows = 64;                         // heads per CTA: the M of every wgmma
-constexpr int kDimK = 576;
-constexpr int kDimV = 512;
-constexpr int kTile = 64;                         // keys per tile = tokens per cache block
-constexpr int kBox = 64;                          // columns per TMA box / swizzle atom width (128 bytes)
-constexpr int kColBlocks = kDimK / kBox;          // 9
-constexpr int kColBlockBytes = kTile * kBox * 2;  // 8192: 64 rows of 128 bytes
-constexpr int kTileBytes = kColBlocks * kColBlockBytes;  // 73728
-constexpr int kHalfCols = kDimV / 2 / kBox;       // 4 column blocks of output per warpgroup
 constexpr int kBytesHalfA = (kHalfCols + 1) * kColBlockBytes;  // latent [0, 256) and rope
 constexpr int kBytesHalfB = kHalfCols * kColBlockBytes;        // latent [256, 512)
-constexpr int kThreads = 256;                     // two warpgroups
 constexpr int kMinChunk = 256;                    // keys per split, at least
 constexpr int kMaxSplits = 64;
 constexpr int kMergeThreads = kDimV / 4;
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-// Named barriers (0 is __syncthreads).
-constexpr int kBarEvenReady = 1;  // WG0 -> WG1: m0 and p_e are in shared memory
-constexpr int kBarOddReady = 2;   // WG1 -> WG0: m1 and p_o are in shared memory
-constexpr int kBarGroup0 = 3;     // within WG0
-constexpr int kBarGroup1 = 4;     // within WG1
-
-struct SharedStorage {
-  alignas(1024) unsigned char q[kTileBytes];     // 9 column blocks of 64 rows x 128 bytes, swizzled
-  alignas(1024) unsigned char kv[2][kTileBytes]; // even and odd tiles, same layout
-  uint4 p[4][128];                               // probabilities in register order: [k-step][thread]
-  float m_even[kRows];                           // m0 of the current pair, per row
-  float m_odd[kRows];                            // m1 of the current pair, per row
-  float row_sum[2][kRows];                       // final sums of exp2 over each group's tiles
-  alignas(8) uint64_t bar_q;
-  uint64_t bar_kv[2][2];                         // [buffer][half]: the half has landed
-};
-
-constexpr int kMaxDynamicSmem = 232448;  // per block on sm_90
-static_assert(sizeof(SharedStorage) + 1024 <= kMaxDynamicSmem, "shared storage (+ alignment room) must fit");
 
 struct DecodeParams {
   CUtensorMap q_map;             // q as [batch * s_q * h_q, 576], 64 x 64 boxes
@@ -115,150 +86,6 @@ struct MergeParams {
 };
 
 // ------------------------------------------------------------------------------------------
-// Primitives
-// ------------------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  }
-}
-
-// One 64 x 64 box of a 2D tensor map (column x, row y) into shared memory, counted on `bar`.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-      :: "r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
-}
-
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
-}
-
-// Makes this thread's ordinary shared-memory writes visible to the tensor cores' reads (async proxy).
-__device__ __forceinline__ void fence_to_async_proxy() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// Shared-memory matrix descriptor with 128-byte swizzle: start address, leading byte offset (between
-// 64-column blocks of an MN-major operand; unused for K-major) and stride byte offset (between groups
-// of eight 128-byte rows), all in units of 16 bytes.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lead_bytes >> 4) << 16) |
-         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (1ull << 62);
-}
-
-// __syncwarp first: the fence is .aligned, and it follows a spin on an mbarrier or a one-thread branch.
-__device__ __forceinline__ void wgmma_fence() {
-  __syncwarp();
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
-
-// Keeps the compiler from moving reads or writes of accumulator registers across a wgmma's issue or wait.
-template <int N>
-__device__ __forceinline__ void fence_registers(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
-}
-
-// d (64 x 64, fp32) = A * B^T, or += with accumulate != 0; A: 64 x 16 and B: 64 x 16, both K-major in
-// shared memory (128-byte swizzle).
-__device__ __forceinline__ void wgmma_64x64_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// d (64 x 256, fp32) += A * B; A: 64 x 16 in registers (the accumulator layout of a 64 x 16 slice, as
-// bf16 pairs), B: 16 x 256 MN-major in shared memory (128-byte swizzle).
-__device__ __forceinline__ void wgmma_64x256_rs(float (&d)[128], const uint4& a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc_b), "n"(1));
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float fast_log2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ float2 unpack_bf16(uint32_t v) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-}
-
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-// ------------------------------------------------------------------------------------------
 // Decode kernel
 // ------------------------------------------------------------------------------------------
 
@@ -277,91 +104,6 @@ __device__ __forceinline__ void load_half(const DecodeParams& p, uint32_t tile, 
     for (int cb = kHalfCols; cb < 2 * kHalfCols; ++cb) {
       tma_load(tile + cb * kColBlockBytes, &p.kv_map, cb * kBox, y, bar);
     }
-  }
-}
-
-// s = q k^T over the 576 columns, for the warpgroup's 64 rows and the tile's 64 keys. Half 0 of the
-// tile (columns [0, 256) and the rope) is multiplied while half 1 may still be landing.
-__device__ __forceinline__ void logits(float (&s)[32], uint32_t q, uint32_t tile, uint32_t bar_a, uint32_t bar_b,
-                                       int parity) {
-  mbar_wait(bar_a, parity);
-  wgmma_fence();
-#pragma unroll
-  for (int n = 0; n <= kHalfCols; ++n) {
-    const int cb = n < kHalfCols ? n : 2 * kHalfCols;
-#pragma unroll
-    for (int kk = 0; kk < kBox / 16; ++kk) {
-      const uint32_t off = cb * kColBlockBytes + kk * 32;
-      wgmma_64x64_ss(s, smem_desc(q + off, 16, 1024), smem_desc(tile + off, 16, 1024), n + kk);
-    }
-  }
-  mbar_wait(bar_b, parity);
-#pragma unroll
-  for (int cb = kHalfCols; cb < 2 * kHalfCols; ++cb) {
-#pragma unroll
-    for (int kk = 0; kk < kBox / 16; ++kk) {
-      const uint32_t off = cb * kColBlockBytes + kk * 32;
-      wgmma_64x64_ss(s, smem_desc(q + off, 16, 1024), smem_desc(tile + off, 16, 1024), 1);
-    }
-  }
-  wgmma_commit();
-  wgmma_wait<0>();
-  fence_registers(s);
-}
-
-// Scales the logits to base 2 and masks the keys at or past n_valid; returns the row maxima of this
-// thread's two rows over the quad that shares them.
-__device__ __forceinline__ float2 scale_and_max(float (&s)[32], float scale, int n_valid, int lane) {
-  float mx_lo = -INFINITY, mx_hi = -INFINITY;
-  const int c0 = 2 * (lane & 3);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int col = 8 * j + c0 + (e & 1);
-      const float x = col < n_valid ? s[4 * j + e] * scale : -INFINITY;
-      s[4 * j + e] = x;
-      if (e < 2) mx_lo = fmaxf(mx_lo, x); else mx_hi = fmaxf(mx_hi, x);
-    }
-  }
-  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-  return make_float2(mx_lo, mx_hi);
-}
-
-// p = exp2(s - m) as the four register A operands of the p.v products (k-steps of 16 keys); adds the
-// row sums of the fp32 values to sum.
-__device__ __forceinline__ void probabilities(uint4 (&p)[4], const float (&s)[32], float2 m, float2& sum) {
-#pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    float v[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = fast_exp2(s[8 * t + e] - ((e & 2) ? m.y : m.x));
-    sum.x += v[0] + v[1] + v[4] + v[5];
-    sum.y += v[2] + v[3] + v[6] + v[7];
-    p[t] = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
-  }
-}
-
-// Rescales this thread's output rows: o[4j], o[4j + 1] are in row lo, o[4j + 2], o[4j + 3] in row hi.
-__device__ __forceinline__ void rescale(float (&o)[128], float2 f) {
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    o[4 * j] *= f.x;
-    o[4 * j + 1] *= f.x;
-    o[4 * j + 2] *= f.y;
-    o[4 * j + 3] *= f.y;
-  }
-  fence_registers(o);  // done before the next product is issued on them
-}
-
-// o += p v over the tile's 64 keys, for the 256 output columns starting at column block cb0.
-__device__ __forceinline__ void issue_pv(float (&o)[128], const uint4 (&p)[4], uint32_t tile, int cb0) {
-#pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    wgmma_64x256_rs(o, p[t], smem_desc(tile + cb0 * kColBlockBytes + t * 16 * 128, kColBlockBytes, 1024));
   }
 }
 
@@ -450,14 +192,14 @@ __global__ void __launch_bounds__(kThreads, 1) flashmla_wgmma_kernel(const __gri
     const int parity = j & 1;
     if (wg == 0) {
       float s[32];
-      logits(s, q_addr, kv_addr[0], bar_kv[0][0], bar_kv[0][1], parity);
+      logits<false>(s, q_addr, kv_addr[0], bar_kv[0][0], bar_kv[0][1], parity);
       const int n_valid = min(kTile, end - (start + k_even * kTile));
-      const float2 mx = scale_and_max(s, scale, n_valid, lane);
+      const float2 mx = scale_and_max(s, scale, make_int2(n_valid, n_valid), lane);
       const float2 m0 = make_float2(fmaxf(m.x, mx.x), fmaxf(m.y, mx.y));  // finite: the tile has a key
       const float2 alpha = make_float2(fast_exp2(m.x - m0.x), fast_exp2(m.y - m0.y));
       uint4 pe[4];
       float2 sum = make_float2(0.f, 0.f);
-      probabilities(pe, s, m0, sum);
+      probabilities<true>(pe, s, m0, sum);
       l = make_float2(l.x * alpha.x + sum.x, l.y * alpha.y + sum.y);  // even tiles' sums, in fp32
       if (n_valid < kTile) zero_tail(sm.kv[0], n_valid, lt);
 #pragma unroll
@@ -499,14 +241,14 @@ __global__ void __launch_bounds__(kThreads, 1) flashmla_wgmma_kernel(const __gri
       float s[32];
       float2 mx = make_float2(-INFINITY, -INFINITY);
       if (has_odd) {
-        logits(s, q_addr, kv_addr[1], bar_kv[1][0], bar_kv[1][1], parity);
+        logits<false>(s, q_addr, kv_addr[1], bar_kv[1][0], bar_kv[1][1], parity);
         const int n_valid = min(kTile, end - (start + k_odd * kTile));
-        mx = scale_and_max(s, scale, n_valid, lane);
+        mx = scale_and_max(s, scale, make_int2(n_valid, n_valid), lane);
         if (n_valid < kTile) zero_tail(sm.kv[1], n_valid, lt);
       }
       named_sync(kBarEvenReady, kThreads);  // m0 and p_e are in shared memory (and the zeros of both groups)
       const float2 m0 = make_float2(sm.m_even[row_lo], sm.m_even[row_lo + 8]);
-      const float2 m1 = make_float2(fmaxf(m0.x, mx.x), fmaxf(m0.y, mx.y));
+      const float2 m1 = make_float2(fmaxf(m0.x, mx.x), fmaxf(m0.y, mx.y));  // finite, as m0 is
       const float2 alpha = make_float2(fast_exp2(m.x - m1.x), fast_exp2(m.y - m1.y));
       const float2 beta = make_float2(fast_exp2(m0.x - m1.x), fast_exp2(m0.y - m1.y));
       float2 sum = make_float2(0.f, 0.f);
@@ -522,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) flashmla_wgmma_kernel(const __gri
       }
       uint4 po[4];
       if (has_odd) {
-        probabilities(po, s, m1, sum);
+        probabilities<true>(po, s, m1, sum);
 #pragma unroll
         for (int t = 0; t < 4; ++t) sm.p[t][lt] = po[t];
       }
@@ -648,30 +390,11 @@ __global__ void __launch_bounds__(kMergeThreads) flashmla_wgmma_merge_kernel(con
 // Host side
 // ------------------------------------------------------------------------------------------
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// The driver's cuTensorMapEncodeTiled, through the runtime (no link against libcuda).
-static cudaError_t encode_function(EncodeTiled* fn) {
-  static EncodeTiled cached = nullptr;
-  if (cached == nullptr) {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult result;
-    const cudaError_t err =
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &result);
-    if (err != cudaSuccess) return err;
-    if (result != cudaDriverEntryPointSuccess || ptr == nullptr) return cudaErrorNotSupported;
-    cached = reinterpret_cast<EncodeTiled>(ptr);
-  }
-  *fn = cached;
-  return cudaSuccess;
-}
 
 // A [rows, 576] bf16 row-major tensor as 64 x 64 boxes with the 128-byte swizzle the wgmma
 // descriptors expect.
 static cudaError_t make_map(CUtensorMap* map, const void* base, uint64_t rows) {
-  EncodeTiled encode = nullptr;
+  hopper::EncodeTiled encode = nullptr;
   const cudaError_t err = encode_function(&encode);
   if (err != cudaSuccess) return err;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kDimK), static_cast<cuuint64_t>(rows)};

@@ -114,13 +114,18 @@ __device__ __forceinline__ float2 factor(float2 m_old, float2 m_new) {
 }
 
 // p = exp2(s - m) as the four register A operands of the p.v products (k-steps of 16 keys); adds the
-// row sums of the fp32 values to sum.
+// row sums of the fp32 values to sum. FINITE_MAX: the caller knows every row of m is finite (each has
+// seen a key), so the safe_max compare is left out.
+template <bool FINITE_MAX = false>
 __device__ __forceinline__ void probabilities(uint4 (&p)[4], const float (&s)[32], float2 m, float2& sum) {
 #pragma unroll
   for (int t = 0; t < 4; ++t) {
     float v[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = fast_exp2(s[8 * t + e] - safe_max((e & 2) ? m.y : m.x));
+    for (int e = 0; e < 8; ++e) {
+      const float m_row = (e & 2) ? m.y : m.x;
+      v[e] = fast_exp2(s[8 * t + e] - (FINITE_MAX ? m_row : safe_max(m_row)));
+    }
     sum.x += v[0] + v[1] + v[4] + v[5];
     sum.y += v[2] + v[3] + v[6] + v[7];
     p[t] = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));

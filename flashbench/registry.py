@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .build import FolderError, files_hash, folder_files, read_file, walk_folder
 from .errors import FlashbenchError
@@ -143,17 +143,31 @@ def shared_folders(path: Path, solution: Solution) -> tuple[Path, ...]:
         return ()
     manifest = path / "solution.yaml"
     shared_root = path.parent.parent / SHARED_FOLDER
-    owners = {name: "the solution folder" for name in folder_files(path)}
+    owners = {}  # every file's path and every folder's on the way to one: who has it
+    _claim(owners, folder_files(path), "the solution folder", manifest)
     found = []
     for name in solution.shared:
         folder = shared_root / name
-        for relative in _shared_folder_files(folder, shared_root, manifest):
-            if relative in owners:
-                raise FlashbenchError(f"{relative} is in {SHARED_FOLDER}/{name} and in {owners[relative]}; "
-                                      "a path may be in one of them only", manifest, "shared")
-            owners[relative] = f"{SHARED_FOLDER}/{name}"
+        _claim(owners, _shared_folder_files(folder, shared_root, manifest), f"{SHARED_FOLDER}/{name}", manifest)
         found.append(folder)
     return tuple(found)
+
+
+def _claim(owners: dict[str, tuple[str, bool]], files, owner: str, manifest: Path) -> None:
+    """Adds a folder's files, and the folders on their way, to `owners`. The folders are copied into one: a path
+    that another has (as a file, or a file where the other has a folder) would hide one of the two."""
+    mine = {}
+    for relative in files:
+        mine[relative] = (owner, True)
+        for parent in PurePosixPath(relative).parents[:-1]:
+            mine.setdefault(parent.as_posix(), (owner, False))
+    for relative, (_, is_file) in mine.items():
+        other = owners.get(relative)
+        if other is not None and (is_file or other[1]):
+            raise FlashbenchError(f"{relative} is in {owner} and in {other[0]}; a path may be in one of them only",
+                                  manifest, "shared")
+    for relative, claim in mine.items():
+        owners.setdefault(relative, claim)
 
 
 def _shared_folder_files(folder: Path, shared_root: Path, manifest: Path) -> list[str]:

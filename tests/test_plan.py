@@ -13,7 +13,7 @@ from flashbench import FlashbenchError, Repo
 from flashbench.build import MAX_FILE_BYTES, FolderError, content_hash
 from flashbench.registry import load_solution_folder
 from flashbench.run import RunOptions, Runner, select_solutions
-from flashbench.run.plan import install_solution, stage_solution
+from flashbench.run.plan import _copy_into, install_solution, stage_solution
 
 REPO = Path(__file__).resolve().parents[1]
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -90,14 +90,40 @@ def test_the_runner_gives_unreadable_folders_a_problem_and_stages_the_others(tmp
     runner = Runner(repo, DEFINITION, RunOptions(device="cpu", cache_dir=tmp_path / "cache", trace_dir=tmp_path / "t"))
     reference, *chosen = runner.candidates([load_solution_folder(path) for path in folders])
     problems = {candidate.solution.name: candidate.problem for candidate in chosen}
-    assert [name for name, problem in problems.items() if problem] == list(UNREADABLE)
-    assert all(problem.startswith(UNREADABLE[name][1]) for name, problem in problems.items() if problem)
-    loop, fine = chosen[-2:]
-    assert (loop.folder / "loop").is_symlink()  # staged as a link, refused before its worker starts
+    assert [name for name, problem in problems.items() if problem] == [*UNREADABLE, "loop"]
+    assert all(problem.startswith(UNREADABLE[name][1]) for name, problem in problems.items() if name in UNREADABLE)
+    assert problems["loop"].startswith("loop is a link")  # refused before anything of it is staged
+    fine = chosen[-1]
     assert fine.folder.name == fine.hash == content_hash(fine.folder)
-    assert sorted(p.name for p in (tmp_path / "cache" / "solutions").iterdir()) == sorted([loop.hash, fine.hash])
+    assert [p.name for p in (tmp_path / "cache" / "solutions").iterdir()] == [fine.hash]
     again = runner.candidates([load_solution_folder(folders[0])])[1]
     assert again.hash == chosen[0].hash  # same folder, same problem: --resume keeps its trace
+
+
+@pytest.mark.parametrize("found", ["link", "file"])
+def test_staging_writes_through_no_link_and_over_no_file(tmp_path, found):
+    """Staging copies several folders into one: what one of them left at a path (a link leading out, a file) must
+    not take another's files out of the copy (the runner wrote a .pth into site-packages through such a link)."""
+    victim = tmp_path / "site-packages"
+    victim.mkdir()
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    if found == "link":
+        (staging / "d").symlink_to(victim)
+    else:
+        (staging / "d").write_text("")
+    source = tmp_path / "payload"
+    (source / "d").mkdir(parents=True)
+    (source / "d" / "zz.pth").write_text("import os\n")
+    with pytest.raises(FolderError, match="^d/zz.pth: d is a file in another of its folders"):
+        _copy_into(source, staging)
+    assert list(victim.iterdir()) == []
+    (staging / "d").unlink()
+    (staging / "d").mkdir()
+    (staging / "d" / "zz.pth").symlink_to(victim / "planted.pth")
+    with pytest.raises(FolderError, match="^d/zz.pth is in two of its folders"):
+        _copy_into(source, staging)
+    assert list(victim.iterdir()) == []
 
 
 def test_a_cache_that_cannot_be_written_ends_the_run_with_one_line(tmp_path):

@@ -11,7 +11,7 @@ import yaml
 from conftest import nested_folders
 from flashbench import FlashbenchError, Repo, validate
 from flashbench.model import loading
-from flashbench.build import content_hash, folder_files, folder_problem, same_content
+from flashbench.build import FolderError, content_hash, folder_files, folder_problem, same_content
 from flashbench.registry import find_root, load_solution_folder
 from flashbench.run import RunOptions, Runner, install_solution, select_workloads
 from flashbench.run.plan import stage_solution
@@ -596,14 +596,49 @@ def test_the_staged_folder_holds_every_file_under_its_hash(root, tmp_path):
     assert (staged / "kernel.py").read_text() == (shared / "kernel.py").read_text()
 
 
-def test_a_link_out_of_the_solution_folder_stays_refused_when_staged(root, tmp_path, tmp_path_factory):
+def test_a_link_out_of_the_solution_folder_is_refused_before_anything_is_staged(root, tmp_path, tmp_path_factory):
     path, _ = kernel_in_shared_folder(root)
     outside = tmp_path_factory.mktemp("outside") / "secret.py"
     outside.write_text("x = 1\n")
     (path / "helper.py").symlink_to(outside)
-    loaded = load_solution_folder(path)
-    problem = folder_problem(stage_solution(loaded, tmp_path / "staged"), loaded.solution)
-    assert problem and problem.startswith("helper.py is a link to")
+    with pytest.raises(FolderError, match="^helper.py is a link to"):
+        stage_solution(load_solution_folder(path), tmp_path / "staged")
+    assert list((tmp_path / "staged").iterdir()) == []
+
+
+def test_a_link_the_solution_brings_over_a_shared_folders_path_is_refused(root, tmp_path_factory):
+    """The solution folder's link `d` leading out, and a shared folder's file `d/zz.pth`: staging copied the link,
+    then wrote the shared file through it, as the runner, wherever it led (a .pth in site-packages runs in every
+    later interpreter), before the link was refused (tests/test_plan.py: staging itself writes through no link)."""
+    path, _ = kernel_in_shared_folder(root)
+    add_shared(root, "payload", {"d/zz.pth": "import os\n"})
+    share(path, "kernel", "payload")
+    (path / "d").symlink_to(tmp_path_factory.mktemp("site-packages"))
+    assert "d is in _shared/payload and in the solution folder" in str(shared_error(path))
+
+
+@pytest.mark.parametrize("mine", ["file", "link to a file"])
+def test_a_file_where_a_shared_folder_has_a_folder_is_refused(root, mine):
+    """A file `d` in the solution folder and `d/x.py` in a shared one passed validate, and staging them ended the
+    whole run (one folder stopped every other solution's pairs)."""
+    path, _ = kernel_in_shared_folder(root)
+    add_shared(root, "payload", {"d/x.py": "X = 1\n"})
+    share(path, "kernel", "payload")
+    if mine == "file":
+        (path / "d").write_text("")
+    else:
+        (path / "d").symlink_to("solution.yaml")
+    assert str(shared_error(path)).endswith("d is in _shared/payload and in the solution folder; a path may be in "
+                                            "one of them only")
+
+
+def test_files_under_one_folder_name_in_two_folders_are_allowed(root, tmp_path):
+    path, _ = kernel_in_shared_folder(root)
+    add_shared(root, "more", {"include/b.h": "int b;\n"})
+    add_shared(root, "base", {"include/a.h": "int a;\n"})
+    share(path, "kernel", "base", "more")
+    staged = stage_solution(load_solution_folder(path), tmp_path / "staged")
+    assert sorted(p.name for p in (staged / "include").iterdir()) == ["a.h", "b.h"]
 
 
 def test_install_brings_the_shared_folders_it_lacks(root, tmp_path_factory):

@@ -1,11 +1,12 @@
 """What a run does: which solutions on which workloads, as jobs."""
 
+import contextlib
 import hashlib
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ..build import (CACHE_DIR_NAME, HASH_LENGTH, FolderError, content_hash, is_documentation, read_file, walk_folder,
                      write_whole)
@@ -175,26 +176,36 @@ def _snapshot(folder: Path) -> dict[str, tuple[str, bytes | str]]:
 
 def _copy_into(source: Path, staging: Path, documentation: bool = False) -> None:
     """The files of `source` that the content hash covers (no __pycache__, no documentation unless asked
-    for), found by build.walk_folder and read within its limits, except that a link it refuses to follow
-    stays a link (to where it leads), so that the worker's folder check refuses it as it would in the
-    solution folder itself."""
+    for), found by build.walk_folder and read within its limits. FolderError for a link walk_folder refuses:
+    the folder is refused before anything of it is staged."""
     staging.mkdir(parents=True, exist_ok=True)
     for relative, path, problem in walk_folder(source):
         if is_documentation(relative) and not documentation:
             continue
-        target = staging / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
         if problem:
-            target.symlink_to(_kept_link(path, source))
-        else:
-            target.write_bytes(read_file(path))
+            raise FolderError(problem)
+        _write_new(staging, relative, read_file(path))
 
 
-def _kept_link(link: Path, source: Path) -> str:
-    """Where a link walk_folder refuses leads in the copy: its own text while it resolves inside `source` (a
-    loop, a link to a folder or to nothing stays one), else where it leads (so out of the copy too)."""
-    leads_to = os.path.realpath(link)
-    return os.readlink(link) if Path(leads_to).is_relative_to(os.path.realpath(source)) else leads_to
+def _write_new(root: Path, relative: str, data: bytes) -> None:
+    """`data` as a new file at `relative` under `root`, in folders made here: never through a link or over a
+    file already there. Staging copies several folders into one (a solution's and its shared ones'); a link
+    one of them brought, with a file of another under its name, let the runner write that file wherever the
+    link led (a .pth in site-packages, run by every later interpreter)."""
+    folder = root
+    for part in PurePosixPath(relative).parts[:-1]:
+        folder = folder / part
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir()
+        if folder.is_symlink() or not folder.is_dir():
+            raise FolderError(f"{relative}: {folder.relative_to(root).as_posix()} is a file in another of its "
+                              "folders; a path may be in one of them only")
+    try:
+        descriptor = os.open(root / relative, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        raise FolderError(f"{relative} is in two of its folders; a path may be in one of them only") from None
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(data)
 
 
 def reference_candidate(repo: Repo, definition: Definition, cache_dir: Path) -> Candidate:
@@ -248,8 +259,8 @@ def install_solution(repo: Repo, folder: Path, ran_hash: str | None = None) -> P
 
 
 def _check_no_refused_link(folder: Path, manifest: Path) -> None:
-    """A link walk_folder refuses stays a link in a staged copy, for the worker to refuse; but documentation is never
-    staged, so such a link there passed the run, and `submit` installed links to /etc/passwd and /root in solutions/."""
+    """Every file, documentation included, before anything is copied: documentation is never staged, so a link
+    there leading out passed the run, and `submit` installed links to /etc/passwd and /root in solutions/."""
     for _, _, problem in walk_folder(folder):
         if problem:
             raise FlashbenchError(f"{problem}; not submitted", manifest)

@@ -30,7 +30,7 @@ from flashbench.run.judge.check import CheckedCall
 from flashbench.run.judge.references import ReferenceStore
 from flashbench.run.options import MIN_BATCHES, MIN_CHECKED_SAMPLES, TARGET_BATCH_MS
 from flashbench.run.session import (CLOSE_TIMEOUT_S, PAUSE_ATTEMPTS, Session, SessionSettings, _Deadline, _Job, _poison,
-                                    _Stop, _Times, closed)
+                                    _Stop, _Times, closed, sample_words)
 from flashbench.run.protocol import Batch, Call, Close
 from flashbench.run.recipe import output_link
 from flashbench.run.supervisor import WorkerGone, WorkerProcess
@@ -772,3 +772,19 @@ def test_a_sampling_job_checks_enough_samples_however_few_checked_calls_are_aske
     assert results["argmax"].status == "INCORRECT_NUMERICAL", results["argmax"].message
     samples = int(results["argmax"].message.split("the ")[1].split(" samples")[0])
     assert samples >= MIN_CHECKED_SAMPLES
+
+
+@pytest.mark.parametrize("numel", [0, 100, 50_000])
+def test_input_samples_are_raw_words_that_any_later_change_shows(numel):
+    """The inputs as sampled when a batch's reply arrives are compared bit for bit with what the redraws made:
+    NaN payloads and -0.0 compare as written; a small tensor is sampled whole, a large one at random places."""
+    tensor = torch.randn(numel, dtype=torch.bfloat16)
+    if numel:
+        tensor[0], tensor[-1] = float("nan"), -0.0
+    places, words = sample_words(tensor)
+    assert len(places) == min(numel, 4096) and torch.equal(tensor.view(torch.int16)[places], words)
+    if numel == 100:
+        assert sorted(places.tolist()) == list(range(100))
+        later = tensor.clone()
+        later[-1] = 0.0  # +0.0 equals -0.0 by value, not by bits
+        assert not torch.equal(later.view(torch.int16)[places], words)

@@ -31,7 +31,7 @@ from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
 from .options import MIN_CHECKED_SAMPLES
 from .protocol import MAX_BATCH_CALLS, Batch, BatchDone, Call, CallTimes, Close, Failed, Open, Opened, ReadTimes
-from .recipe import L2Flush, link_values, linked_calls, output_link
+from .recipe import WORD_DTYPES, L2Flush, link_values, linked_calls, output_link
 from .supervisor import WorkerGone, WorkerProcess
 
 _secret = random.SystemRandom()
@@ -408,7 +408,7 @@ class _Job:
                 _poison(tensor)
         _synchronize(self.session.device)
         linked = linked_calls(calls)
-        read, expected_links = {}, {}
+        read, expected_links, sampled_inputs = {}, {}, []
 
         def observe() -> None:
             # Copies taken the moment the reply's first byte is there (before it is read), nothing written later
@@ -421,6 +421,8 @@ class _Job:
                 read[k] = {name: tensor.to("cpu", copy=True) for name, tensor in self.arena_slots[calls[k].slot].items()}
             expected_links.update(zip(linked, link_values(
                 [output_link(list(self.arena_slots[calls[k - 1].slot].values())) for k in linked])))
+            sampled_inputs.extend({name: sample_words(tensor) for name, tensor in arena_set.items()}
+                                  for arena_set in self.arena_sets)
 
         reply, elapsed_ms = self.deadline.timed_ask(self.worker, batch, on_receipt=observe)
         if not isinstance(self.unless_failed(reply), BatchDone):
@@ -433,6 +435,7 @@ class _Job:
         self.replay(batch, links, times.flushed)
         self.history.append((batch, links, times.flushed))
         self.reject_changed_inputs()
+        self.reject_inputs_written_late(sampled_inputs)
         self.reject_unfinished_outputs(picked, expected_links, links)
         self.reads += [_Read(label, len(self.history) - 1, k, read[k]) for k, label in picked.items()]
         if timed:
@@ -498,6 +501,18 @@ class _Job:
             changed = [name for name, tensor in arena_set.items() if not torch.equal(tensor, expected[name])]
             if changed:
                 raise _Stop(self.rejected(f"the solution modified its inputs: {', '.join(changed)}"))
+
+    def reject_inputs_written_late(self, sampled: list[dict[str, tuple[torch.Tensor, torch.Tensor]]]) -> None:
+        """The sets, as sampled when the batch's reply arrived, must already be what its redraws make them: the
+        worker's own steps (drawing, rotating and writing the fresh windows) run inside the judge's clock, and
+        a worker that finished writing them after replying, before the judge's next question, had them out of
+        it (a red team: the rows no request reads written late, on a CPU)."""
+        for samples, expected in zip(sampled, self.inputs.current):
+            late = [name for name, (places, words) in samples.items()
+                    if not torch.equal(_words(expected[name])[places.to(expected[name].device)].cpu(), words)]
+            if late:
+                raise _Stop(self.rejected(f"the solution's inputs were still being written when its batch "
+                                          f"ended: {', '.join(late)}"))
 
     def reject_unfinished_outputs(self, picked: dict[int, str], expected: dict[int, int], links: list[int | None]) -> None:
         """Every linked call's redraw must have been linked to the outputs the call before it left in its slot
@@ -568,6 +583,29 @@ class _Job:
     def outcome(self, verdict: Verdict, timing: dict | None = None) -> JobOutcome:
         log = self.worker.log_tail() if not verdict.passed else ""
         return JobOutcome(status=verdict.status, message=verdict.message, errors=verdict.errors, log=log, timing=timing)
+
+
+# Elements of each input tensor read when a batch's reply arrives, at places drawn then from a seed the worker
+# never sees: a worker that leaves any share of the sets' writes for later is found with near certainty, for the
+# cost of a few small reads per tensor.
+SAMPLED_INPUT_WORDS = 4096
+
+
+def _words(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's raw words, one dimension: compared bit for bit (NaN payloads, -0.0 included)."""
+    return tensor.reshape(-1).view(WORD_DTYPES[tensor.element_size()])
+
+
+def sample_words(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(places, the words there, on the host): every element of a small tensor, else SAMPLED_INPUT_WORDS random
+    ones."""
+    words = _words(tensor)
+    if words.numel() <= SAMPLED_INPUT_WORDS:
+        places = torch.arange(words.numel(), device=words.device)
+    else:
+        generator = torch.Generator(words.device).manual_seed(secrets.randbits(63))
+        places = torch.randint(words.numel(), (SAMPLED_INPUT_WORDS,), generator=generator, device=words.device)
+    return places.cpu(), words[places].cpu()
 
 
 def _poison(tensor: torch.Tensor) -> None:

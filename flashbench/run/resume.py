@@ -18,8 +18,10 @@ RUN_AGAIN = "MISSING_DEPENDENCY"
 # the definition and its reference, not the harness).
 # 2: a solution's exception never ends its worker (CRASHED became RUNTIME_ERROR); 3: integer, boolean and FP4 outputs
 # poisoned with random values (a constant passed an unwritten element whose value it was), paths in a folder bounded;
-# 4: a sampling definition's jobs check at least MIN_CHECKED_SAMPLES samples (an argmax sampler passed on a few).
-JUDGE_VERSION = 4
+# 4: a sampling definition's jobs check at least MIN_CHECKED_SAMPLES samples (an argmax sampler passed on a few);
+# 5: the inputs are sampled when a batch's reply arrives (a worker that wrote part of them after replying passed),
+# and a folder with a refused link is refused before it is staged.
+JUDGE_VERSION = 5
 TIMEOUT_KEY = "timeout_s"  # the run's --timeout, in every trace's environment
 
 

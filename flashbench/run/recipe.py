@@ -191,9 +191,14 @@ def output_link(outputs: list[torch.Tensor]) -> torch.Tensor:
     same number from the bytes it reads."""
     link = None
     for i, tensor in enumerate(outputs):
-        total = word_sum(tensor.reshape(-1).view(WORD_DTYPES[tensor.element_size()]))
+        total = word_sum(raw_words(tensor))
         link = total if link is None else link + total * (2 * i + 1)
     return link
+
+
+def raw_words(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's elements as integer words of their size, one dimension: bit for bit (NaN payloads, -0.0)."""
+    return tensor.reshape(-1).view(WORD_DTYPES[tensor.element_size()])
 
 
 # Words summed at once. A sum into int64 first copies its input to int64, 8 bytes a word: for the 2.3 GB bf16

@@ -31,7 +31,7 @@ from .judge.inputs import JobInputs, fresh_seed
 from .judge.references import ReferenceStore
 from .options import MIN_CHECKED_SAMPLES
 from .protocol import MAX_BATCH_CALLS, Batch, BatchDone, Call, CallTimes, Close, Failed, Open, Opened, ReadTimes
-from .recipe import WORD_DTYPES, L2Flush, link_values, linked_calls, output_link
+from .recipe import L2Flush, link_values, linked_calls, output_link, raw_words
 from .supervisor import WorkerGone, WorkerProcess
 
 _secret = random.SystemRandom()
@@ -509,7 +509,7 @@ class _Job:
         it (a red team: the rows no request reads written late, on a CPU)."""
         for samples, expected in zip(sampled, self.inputs.current):
             late = [name for name, (places, words) in samples.items()
-                    if not torch.equal(_words(expected[name])[places.to(expected[name].device)].cpu(), words)]
+                    if not torch.equal(raw_words(expected[name])[places.to(expected[name].device)].cpu(), words)]
             if late:
                 raise _Stop(self.rejected(f"the solution's inputs were still being written when its batch "
                                           f"ended: {', '.join(late)}"))
@@ -591,15 +591,10 @@ class _Job:
 SAMPLED_INPUT_WORDS = 4096
 
 
-def _words(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor's raw words, one dimension: compared bit for bit (NaN payloads, -0.0 included)."""
-    return tensor.reshape(-1).view(WORD_DTYPES[tensor.element_size()])
-
-
 def sample_words(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(places, the words there, on the host): every element of a small tensor, else SAMPLED_INPUT_WORDS random
     ones."""
-    words = _words(tensor)
+    words = raw_words(tensor)
     if words.numel() <= SAMPLED_INPUT_WORDS:
         places = torch.arange(words.numel(), device=words.device)
     else:

@@ -79,7 +79,8 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 from flashbench.build import same_content  # noqa: E402
 from flashbench.errors import FlashbenchError  # noqa: E402
 from flashbench.leaderboard.board import BASELINE_TAG, is_timed  # noqa: E402
-from flashbench.leaderboard.results import current_results, solution_hashes, traces_frame, with_speed_of_light  # noqa: E402
+from flashbench.leaderboard.results import (current_results, host_bound, solution_hashes, traces_frame,  # noqa: E402
+                                           with_speed_of_light)
 from flashbench.model import REFERENCE, Calibration, Status, Trace, Workload, load_model  # noqa: E402
 from flashbench.registry import Repo  # noqa: E402
 from flashbench.traces import TIMING_METHODS, read_traces, trace_path  # noqa: E402
@@ -259,9 +260,9 @@ def peers_table(traces: list[Trace], workloads: list[Workload], calibration: Cal
         trace = latest[found[0], workload.uuid]
         now = (hashes or {}).get(trace.solution)
         stale = " (stale)" if now is not None and not same_content(trace.solution_hash, now) else ""
-        return f"{found[0]}{stale}, {found[1]:.1f}"
+        return f"{found[0]}{stale}, {found[1]:.1f}" + (" host-bound" if timed_on_host(trace) else "")
 
-    rows, speeds = [], []
+    rows, speeds, device_bound = [], [], []
     for workload in timed(workloads, latest):
         peer = fastest(latest, workload.uuid, is_peer)
         ours = fastest(latest, workload.uuid, is_ours)
@@ -272,13 +273,25 @@ def peers_table(traces: list[Trace], workloads: list[Workload], calibration: Cal
         if peer and ours:
             speeds.append(peer[1] / ours[1])
             speed = f"{speeds[-1]:.2f}x"
+            if not any(timed_on_host(latest[found[0], workload.uuid]) for found in (peer, ours)):
+                device_bound.append(speeds[-1])
         rows.append([workload.label, cell(peer), cell(ours), speed] + ([floor] if calibration else []))
     table = markdown(["workload", "best peer (solution, µs)", "ours, best (solution, µs)",
                       "ours / peer speed (peer µs ÷ ours)"] + (["ours % of floor"] if calibration else []), rows)
     if not speeds:
         return table + "\n\nNo workload has both a peer's and our result."
-    return table + (f"\n\nGeomean of ours / peer speed over the {len(speeds)} workloads with both: "
-                    f"{statistics.geometric_mean(speeds):.2f}x.")
+    summary = (f"\n\nGeomean of ours / peer speed over the {len(speeds)} workloads with both: "
+               f"{statistics.geometric_mean(speeds):.2f}x")
+    if len(device_bound) == len(speeds):
+        return table + summary + "."
+    # a host-bound cell times the host's Python and launches, which vary from run to run: the figure without them
+    without = f"{statistics.geometric_mean(device_bound):.2f}x" if device_bound else "none left"
+    return table + summary + f"; over the {len(device_bound)} where neither cell is host-bound: {without}."
+
+
+def timed_on_host(trace: Trace) -> bool:
+    """Boards' host-bound mark: the time is the host's Python and launches, not the device's."""
+    return trace.performance is not None and host_bound(trace.performance.timing)
 
 
 def events_graph_table(events: list[Trace], graph: list[Trace], workloads: list[Workload],

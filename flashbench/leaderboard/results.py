@@ -47,7 +47,7 @@ def traces_frame(traces: Iterable[Trace]) -> pd.DataFrame:
             "flops": perf.flops if perf and perf.flops is not None else np.nan,
             "timing_method": _text(timing.get("method")), "l2_state": l2_state(timing),
             "device": _text(t.environment.get("device")),
-            "isolation": t.isolation, "host_bound": _number(timing.get("worker_issue_share")) >= HOST_BOUND_SHARE,
+            "isolation": t.isolation, "host_bound": host_bound(timing),
         })
     frame = pd.DataFrame(rows, columns=COLUMNS)
     # A record's time that is no date (a trace file, or an imported dataset's, may say anything) is unknown: it
@@ -86,6 +86,11 @@ def _time(ms: float) -> float:
     """A recorded time, unless it is none a clock gives (negative or infinite: a trace file may say anything, and
     `compare` called -13 µs the fastest): then unknown, as a missing time is."""
     return ms if 0 <= ms < np.inf else np.nan
+
+
+def host_bound(timing: dict) -> bool:
+    """The worker issued calls for HOST_BOUND_SHARE or more of each timed batch: the time is the host's."""
+    return _number(timing.get("worker_issue_share")) >= HOST_BOUND_SHARE
 
 
 def _number(value) -> float:

@@ -64,7 +64,9 @@ def test_peers_best_peer_against_our_best_with_share_of_floor_and_geomean():
     assert last_line(et.peers_table(traces[-2:], WORKLOADS, CALIBRATION)) == "No workload has both a peer's and our result."
 
 
-def test_peers_cells_timed_on_the_host_say_so_and_the_geomean_is_also_given_without_them():
+def test_peers_cells_timed_on_the_host_say_so_and_still_count():
+    """The mark rests on the worker's report, which a solution can forge: a label, never a reason to leave a
+    workload out of the geomean."""
     host = {**EVENTS, "worker_issue_share": 0.97}
     traces = [make_trace("flashmla", SMALL, 4.0, timing=host), make_trace("triton", SMALL, 1.0),
               make_trace("flashmla", LARGE, 1.0),
@@ -72,8 +74,7 @@ def test_peers_cells_timed_on_the_host_say_so_and_the_geomean_is_also_given_with
     table = et.peers_table(traces, WORKLOADS, None)
     assert rows(table) == [["small", "flashmla, 4000.0 host-bound", "triton, 1000.0", "4.00x"],
                            ["large", "flashmla, 1000.0", "triton, 2000.0", "0.50x"]]
-    assert last_line(table) == ("Geomean of ours / peer speed over the 2 workloads with both: 1.41x; "
-                                "over the 1 where neither cell is host-bound: 0.50x.")
+    assert last_line(table) == "Geomean of ours / peer speed over the 2 workloads with both: 1.41x."
 
 
 def test_peers_without_a_calibration_of_the_device_has_no_floor_column():

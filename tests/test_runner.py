@@ -29,6 +29,7 @@ from flashbench.build import CACHE_DIR_NAME, MAX_FILE_BYTES
 from flashbench.cli import main
 from flashbench.run import RunOptions, Runner, jobs, sandbox, select_solutions, select_workloads, supervisor
 from flashbench.run.jobs import JobJudge, JudgeConfig
+from flashbench.run.judge.clock import Baseline
 from flashbench.run.options import GPU_CHECKED_CALLS
 from flashbench.run.plan import Job
 
@@ -335,11 +336,22 @@ def test_a_device_is_held_by_others_when_over_half_of_it_is_outside_the_judge(re
     assert judge.device_held_by_others("cpu") is False
 
 
-def test_clean_steps_measured_alone_are_the_steps_per_call(repo, tmp_path):
+def test_clean_steps_measured_alone_are_the_steps_per_call(repo, tmp_path, monkeypatch):
+    """The same steps as in the reference's jobs, which measure the cap in a run that is not resumed: the
+    reference returns its outputs, so the copy into the slot is one of them (else a resumed run would charge
+    a solution that returns its outputs its copy, and a fresh run would not)."""
+    made = []
+
+    def recorded(*args, **kwargs):
+        made.append(kwargs["copies_outputs"])
+        return Baseline(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "Baseline", recorded)
     (workload,) = select_workloads(repo, DEFINITION, ["smoke_mixed"], "cpu")
     judge = judge_for(repo, tmp_path)
     judge.measure_clean_steps(workload, "cpu")
     assert judge.clean_steps.get(workload.uuid, "cpu") > 0
+    assert made == [True]
 
 
 def test_graph_timing_and_unknown_backends_are_refused_before_any_work(repo, tmp_path):

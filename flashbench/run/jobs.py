@@ -251,9 +251,11 @@ class JobJudge:
 
     def measure_clean_steps(self, workload: Workload, device: str) -> None:
         """The harness's steps' cost per call on `workload`, measured by the judge alone. The caller
-        sees to it that no solution's worker is alive on the device, so none can have left work there."""
+        sees to it that no solution's worker is alive on the device, so none can have left work there. The
+        steps are those of the reference's jobs, which measure the same cap in a run that is not resumed: the
+        reference returns its outputs, so they include the copy into the call's slot."""
         inputs = JobInputs(self.definition, workload, self.config.set_seeds[:1], device, self.config.definition_file.parent)
-        baseline = Baseline(inputs, self.flush(device), copies_outputs=False,
+        baseline = Baseline(inputs, self.flush(device), copies_outputs=True,
                             max_calls=CleanSteps.CALLS[torch.device(device).type])
         self.clean_steps.measure(baseline, workload.uuid, device)
 

@@ -1,5 +1,6 @@
 """`flashbench calibrate`: measure a device's memory bandwidth and bf16 matmul rate once."""
 
+import os
 import statistics
 import time
 from datetime import datetime, timezone
@@ -8,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .environment import describe_environment, hardware_name
+from .errors import FlashbenchError
 from .model import Calibration, load_model
 from .traces import hardware_slug, sole_writer
 
@@ -19,8 +21,14 @@ def calibration_path(trace_dir: Path, hardware: str) -> Path:
 
 
 def load_calibration(trace_dir: Path, hardware: str) -> Calibration | None:
+    """The device's calibration, None where there is none; a FlashbenchError for one that is not a plain file in a
+    folder that is no link (read_traces says why), or no calibration."""
     path = calibration_path(trace_dir, hardware)
-    return load_model(Calibration, path) if path.is_file() else None
+    if not os.path.lexists(path):
+        return None
+    if path.parent.is_symlink():
+        raise FlashbenchError("cannot read: its folder is a link", path)
+    return load_model(Calibration, path)
 
 
 def calibrate(device: str, root: Path, copy_bytes: int | None = None, matmul_size: int | None = None,

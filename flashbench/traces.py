@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from .errors import FlashbenchError
 from .model import Trace
-from .model.loading import bounded_lines
+from .model.loading import bounded_lines, open_plain
 
 
 def hardware_slug(name: str) -> str:
@@ -70,17 +70,14 @@ def _open_for_append(path: Path) -> int:
 
 
 def read_trace_bytes(path: Path) -> bytes:
-    """A trace file's bytes as the recorder compares them: never through a link, never blocking."""
+    """A trace file's bytes as the recorder compares them: never through a link, never blocking (open_plain)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open_plain(path) as handle:
+            return handle.read()
     except FileNotFoundError:
         return b""
     except OSError as exc:
         raise FlashbenchError(f"cannot read traces: {exc.strerror}", path) from None
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise FlashbenchError("cannot read traces: it is not a plain file", path)
-        return handle.read()
 
 
 @contextlib.contextmanager
@@ -170,14 +167,33 @@ def append_trace(path: Path, trace: Trace) -> None:
         os.close(fd)
 
 
+# The most a trace file may hold to be read: a sparse file of 256 GiB kept every board busy for minutes.
+MAX_TRACE_FILE_BYTES = 1 << 30
+
+
 def read_traces(path: Path) -> list[Trace]:
-    """Every valid record; torn or invalid lines are reported on stderr and skipped."""
-    if not Path(path).is_file():
+    """Every valid record; torn or invalid lines are reported on stderr and skipped. A trace file is read only as
+    a plain file of at most MAX_TRACE_FILE_BYTES in a folder that is no link (a trace directory may come from
+    anyone): anything else is one line on stderr, and no records."""
+    path = Path(path)
+    try:
+        if path.parent.is_symlink():
+            raise FlashbenchError("cannot read: its folder is a link", path)
+        handle = open_plain(path)
+    except FileNotFoundError:
+        return []
+    except FlashbenchError as exc:
+        print(f"warning: {exc}; skipped", file=sys.stderr)
         return []
     traces = []
     # Records are split on b"\n" only: JSON leaves U+2028, U+0085 and the like unescaped, which
     # str.splitlines would cut at; a torn line may also end inside a multi-byte character.
-    with open(path, "rb") as handle:
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > MAX_TRACE_FILE_BYTES:
+            print(f"warning: {path}: {size} bytes, over the {MAX_TRACE_FILE_BYTES >> 30} GiB a trace file may hold; "
+                  "skipped", file=sys.stderr)
+            return []
         for number, line in bounded_lines(handle):
             if line is not None and not line.strip():
                 continue

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 from trace_factory import CALIBRATION
@@ -34,3 +35,23 @@ def test_a_calibration_no_device_could_measure_is_refused_naming_its_field(tmp_p
     (folder / "calibration.json").write_text(json.dumps(data))
     with pytest.raises(FlashbenchError, match=field):
         load_calibration(tmp_path, "GPU X")
+
+
+def test_a_calibration_that_is_a_link_a_fifo_or_in_a_linked_folder_is_refused_at_once(tmp_path):
+    """A link to /proc/kmsg as calibration.json blocked `run` (holding the trace directory's lock) and every board."""
+    folder = tmp_path / "gpu_x"
+    folder.mkdir()
+    (folder / "calibration.json").symlink_to("/proc/self/pagemap")
+    with pytest.raises(FlashbenchError, match="it is a link"):
+        load_calibration(tmp_path, "GPU X")
+    (folder / "calibration.json").unlink()
+    os.mkfifo(folder / "calibration.json")
+    with pytest.raises(FlashbenchError, match="it is not a plain file"):
+        load_calibration(tmp_path, "GPU X")
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (real / "calibration.json").write_text(CALIBRATION.model_dump_json())
+    (tmp_path / "gpu_y").symlink_to(real)
+    with pytest.raises(FlashbenchError, match="its folder is a link"):
+        load_calibration(tmp_path, "GPU Y")
+    assert load_calibration(tmp_path, "GPU Z") is None

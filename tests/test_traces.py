@@ -193,6 +193,28 @@ def test_read_traces_of_a_missing_file(tmp_path):
     assert read_traces(tmp_path / "none.jsonl") == []
 
 
+def test_reading_reads_no_link_no_fifo_no_folder_that_is_a_link_and_no_huge_file(tmp_path, capsys):
+    """Every board read a trace directory's files as they came: a link to /proc/kmsg blocked them for ever, one to
+    /proc/self/pagemap read 256 GiB, and so would a hardware folder that is a link, or a sparse file. Each is one
+    line on stderr, and no records; a plain file beside them reads as before."""
+    folder = tmp_path / "traces" / "cpu"
+    folder.mkdir(parents=True)
+    honest = folder / "honest.jsonl"
+    append_trace(honest, make_trace(0))
+    (folder / "pagemap.jsonl").symlink_to("/proc/self/pagemap")
+    os.mkfifo(folder / "fifo.jsonl")
+    with open(folder / "sparse.jsonl", "wb") as sparse:
+        sparse.truncate(traces.MAX_TRACE_FILE_BYTES + 1)
+    (tmp_path / "traces" / "linked").symlink_to(folder)
+    for path, why in ((folder / "pagemap.jsonl", "it is a link"), (folder / "fifo.jsonl", "it is not a plain file"),
+                      (folder / "sparse.jsonl", "over the 1 GiB a trace file may hold"),
+                      (tmp_path / "traces" / "linked" / "honest.jsonl", "its folder is a link")):
+        assert read_traces(path) == []
+        (line,) = capsys.readouterr().err.splitlines()
+        assert why in line and str(path) in line
+    assert len(read_traces(honest)) == 1
+
+
 def test_check_writable_creates_the_folder(tmp_path):
     path = tmp_path / "a" / "b" / "x.jsonl"
     check_writable(path, tmp_path)

@@ -1,8 +1,11 @@
 """Reading YAML/JSON files into models, with errors that name the file, field and line."""
 
+import errno
 import json
+import os
 import re
 import reprlib
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -36,11 +39,30 @@ def read_document(path: Path) -> object:
     return parse_document(text, path, untrusted=True)
 
 
+def open_plain(path: Path) -> BinaryIO:
+    """A plain file opened to read, never through a link (at its last name) and never blocking: a link to
+    /proc/kmsg in a trace directory blocked every board and `run` for ever, one to /proc/self/pagemap had
+    them read 256 GiB, a FIFO never answers. FileNotFoundError as it comes; a FlashbenchError for the rest."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        why = {errno.ELOOP: "it is a link", errno.ENXIO: "it is not a plain file"}.get(exc.errno, exc.strerror)
+        raise FlashbenchError(f"cannot read: {why}", path) from None
+    handle = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        handle.close()
+        raise FlashbenchError("cannot read: it is not a plain file", path)
+    return handle
+
+
 def read_bounded(path: Path) -> bytes:
-    """The bytes of a file of at most MAX_DOCUMENT_BYTES; a larger one is refused without being read."""
+    """The bytes of a plain file (open_plain) of at most MAX_DOCUMENT_BYTES; a larger one is refused without
+    being read."""
     limit = MAX_DOCUMENT_BYTES
     try:
-        with open(path, "rb") as handle:
+        with open_plain(path) as handle:
             data = handle.read(limit + 1)
     except OSError as exc:
         raise FlashbenchError(f"cannot read: {exc.strerror}", path) from None

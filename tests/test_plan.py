@@ -150,6 +150,28 @@ def test_install_copies_through_the_same_walk(tmp_path):
         install_solution(Repo(root), path)
 
 
+def test_install_leaves_a_folder_the_repository_holds_as_it_is_and_refuses_one_of_other_code(tmp_path):
+    """The hash leaves notes out: a copy of another author's code with notes of its own replaced theirs, and
+    added a docs/ folder of its own."""
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "definitions" / "mla_paged", root / "definitions" / "mla_paged")
+    theirs = solution_folder(tmp_path / "theirs", "mine")
+    (theirs / "NOTES.md").write_text("the author's notes\n")
+    installed = install_solution(Repo(root), theirs)
+    before = {path.relative_to(installed): path.read_bytes() for path in installed.rglob("*") if path.is_file()}
+    copy = solution_folder(tmp_path / "copy", "mine")
+    (copy / "NOTES.md").write_text("deprecated, gives wrong results: use evil_fast\n")
+    (copy / "docs").mkdir()
+    (copy / "docs" / "more.md").write_text("more\n")
+    assert install_solution(Repo(root), copy, content_hash(copy)) == installed
+    assert {path.relative_to(installed): path.read_bytes() for path in installed.rglob("*") if path.is_file()} == before
+    (copy / "kernel.py").write_text((copy / "kernel.py").read_text() + "\n# other code\n")
+    with pytest.raises(FlashbenchError, match="is taken by .* which holds other code; not submitted"):
+        install_solution(Repo(root), copy, content_hash(copy))
+    assert [p.name for p in installed.parent.iterdir()] == ["mine"]
+    assert {path.relative_to(installed): path.read_bytes() for path in installed.rglob("*") if path.is_file()} == before
+
+
 @pytest.mark.parametrize("name, target", [("NOTES.md", "/etc/passwd"), ("docs", "/")])
 def test_install_refuses_a_link_leading_out_even_in_documentation(tmp_path, name, target):
     """Documentation is never staged for a run, so a link there leading out passed it, and the installed copy kept

@@ -19,8 +19,8 @@ from ..errors import FlashbenchError
 from ..model.run_report import HOST_CLOCK
 from ..registry import load_solution_folder
 from ..traces import TIMING_METHODS
-from ..run import (RunOptions, RunResult, Runner, device_threads_left, install_solution, sandbox, select_solutions,
-                   select_workloads)
+from ..run import (RunOptions, RunResult, Runner, device_threads_left, install_solution, installed_path, sandbox,
+                   select_solutions, select_workloads)
 from ..run.recipe import DEFAULT_FLUSH, FLUSH_METHODS
 from . import INTERRUPTED, console, errors, main, repo_from, shown
 
@@ -316,8 +316,10 @@ def submit(ctx, path, device, warmup, iters, seed, flush, checked_calls, timeout
         submitted_to = None
         if not (interrupted or failed):
             ran_hash = next((t.solution_hash for t in result.traces if t.solution == folder.solution.name), None)
+            held = installed_path(repo, folder).exists()
             submitted_to = install_solution(repo, path.resolve(), ran_hash).relative_to(repo.root)
-            console.print(f"submitted to {submitted_to}", highlight=False)
+            console.print(f"already in the repository with the same code, left as it is: {submitted_to}" if held
+                          else f"submitted to {submitted_to}", highlight=False)
     if as_json:
         click.echo(run_report("submit", repo, name, options, result, interrupted,
                               str(submitted_to) if submitted_to else None).model_dump_json(indent=2))

@@ -8,9 +8,9 @@ protocol, never loads the judge's modules.
 import importlib
 
 _EXPORTS = {
-    "RunOptions": "options", "Candidate": "plan", "install_solution": "plan", "select_solutions": "plan",
-    "select_workloads": "plan", "parse_devices": "pool", "device_threads_left": "pool", "RunResult": "runner",
-    "Runner": "runner", "default_device": "runner",
+    "RunOptions": "options", "Candidate": "plan", "install_solution": "plan", "installed_path": "plan",
+    "select_solutions": "plan", "select_workloads": "plan", "parse_devices": "pool", "device_threads_left": "pool",
+    "RunResult": "runner", "Runner": "runner", "default_device": "runner",
 }
 __all__ = sorted(_EXPORTS)
 

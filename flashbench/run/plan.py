@@ -228,12 +228,20 @@ def reference_candidate(repo: Repo, definition: Definition, cache_dir: Path) -> 
     return Candidate(folder, solution, digest)
 
 
+def installed_path(repo: Repo, folder: SolutionFolder) -> Path:
+    """Where `submit` installs a solution folder."""
+    return repo.root / "solutions" / folder.solution.definition / folder.solution.name
+
+
 def install_solution(repo: Repo, folder: Path, ran_hash: str | None = None) -> Path:
     """Copy a solution folder to solutions/<definition>/<name>/ (after it passed its checks), with
     the shared folders it names that the repository lacks. With `ran_hash`, the content hash of what
-    ran: the copy must hold that content, or nothing is installed (the folder changed after it ran)."""
+    ran: the copy must hold that content, or nothing is installed (the folder changed after it ran). A
+    folder the repository holds already is never replaced: with the same code it is left as it is, notes
+    included (the hash leaves notes out, so a copy of another author's code replaced their notes), and
+    one with other code is refused."""
     loaded = load_solution_folder(folder)
-    target = repo.root / "solutions" / loaded.solution.definition / loaded.solution.name
+    target = installed_path(repo, loaded)
     if target.resolve() == folder.resolve():
         return target
     _check_no_case_twin(target, loaded.path / "solution.yaml", "name")
@@ -253,7 +261,11 @@ def install_solution(repo: Repo, folder: Path, ran_hash: str | None = None) -> P
         raise FlashbenchError(f"its files changed after they ran ({ran_hash} ran, {installed_hash} now): "
                               "not submitted", folder)
     if target.exists():
-        shutil.rmtree(target)
+        shutil.rmtree(incoming)
+        if load_solution_folder(target).content_hash() != installed_hash:
+            raise FlashbenchError(f"the name {loaded.solution.name!r} is taken by {target}, which holds other code; "
+                                  "not submitted", loaded.path / "solution.yaml", "name")
+        return target
     incoming.rename(target)
     return target
 

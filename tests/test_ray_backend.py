@@ -260,19 +260,31 @@ def test_a_job_whose_device_fails_is_submitted_once_more(monkeypatch, first_try)
     assert sorted(fake.submitted) == [(0, "cpu"), (0, "cpu"), (1, "cpu"), (1, "cpu")]
 
 
-@pytest.mark.parametrize("answer, reason", [
-    (lambda job: device_failed(job), "the device check failed: broken"),
-    (lambda job: FakeRay.exceptions.RayError("the worker died\nTraceback ..."), "the Ray task failed: the worker died"),
-    (lambda job: "not the JSON of an answer", "the Ray task's answer is malformed"),
-])
-def test_a_job_whose_device_fails_twice_ends_the_run(monkeypatch, answer, reason):
-    ray, fake = backend(monkeypatch, lambda job, tries: answer(job))
+def test_a_job_whose_device_fails_twice_ends_the_run(monkeypatch):
+    ray, fake = backend(monkeypatch, lambda job, tries: device_failed(job))
     with pytest.raises(FlashbenchError) as failed:
         with ray:
             list(ray.run(jobs(2)))
-    assert f"s on w0: the device failed {TRIES} times: {reason}" in str(failed.value)
+    assert f"s on w0: the device failed {TRIES} times: the device check failed: broken" in str(failed.value)
     assert "\n" not in str(failed.value)
     assert fake.cancelled and fake.events[-1] == "shutdown"  # the tasks still in flight were cancelled
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (lambda job: FakeRay.exceptions.RayError("the worker died\nTraceback ..."),
+     "the judge's Ray task died: the worker died (2 times)"),
+    (lambda job: "not the JSON of an answer", "the judge's Ray task answered nothing readable: "),
+])
+def test_a_job_whose_task_dies_twice_is_crashed_and_the_run_goes_on(monkeypatch, answer, reason):
+    """The solution may have killed its task (a worker filling the node's memory made Ray's monitor kill the judge's
+    task): that ends its pair, not the run, as the kernel's OOM killer taking a worker does in a local run."""
+    ray, fake = backend(monkeypatch, lambda job, tries: answer(job) if job.index == 0 else passed(job))
+    with ray:
+        done = list(ray.run(jobs(2)))
+    assert sorted((job.index, outcome.status) for job, outcome, _ in done) == [(0, "CRASHED"), (1, "PASSED")]
+    (crashed,) = [outcome for job, outcome, _ in done if job.index == 0]
+    assert crashed.message.startswith(reason) and "\n" not in crashed.message
+    assert sorted(fake.submitted) == [(0, "cpu"), (0, "cpu"), (1, "cpu")]
 
 
 def test_a_task_on_other_hardware_ends_the_run(monkeypatch):

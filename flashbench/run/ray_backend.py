@@ -6,9 +6,12 @@ run's plain settings, starts the solution's sandboxed worker as a local run does
 (references computed in the task, on its device) and returns the outcome as JSON text, which the
 driver parses like any other untrusted reply. The driver writes every trace.
 
-A task whose device fails (its worker fails the device check, or the Ray task itself fails) is
-submitted again; a job whose device fails twice ends the run. Paths (solution folders, the build
-cache, workload files) are the driver's: the workers must see the same file system.
+A task whose device fails (the task says so, before any solution code runs on it) is submitted again; a
+job whose device fails twice ends the run. A task that dies or answers nothing readable once solution code
+may have run is submitted again too, and a job whose task dies twice is CRASHED: the solution may have
+caused it (a worker filling the node's memory made Ray's monitor kill the judge's task), so it ends that
+pair, not the run. Paths (solution folders, the build cache, workload files) are the driver's: the
+workers must see the same file system.
 """
 
 import signal
@@ -107,10 +110,15 @@ class RayBackend:
             job, tries = self._in_flight.pop(task)
             try:
                 answer = TaskAnswer.model_validate_json(self.ray.get(task))
-            except self.ray.exceptions.RayError as exc:
-                answer = TaskAnswer(device_error=f"the Ray task failed: {str(exc).splitlines()[0]}")
-            except ValidationError as exc:
-                answer = TaskAnswer(device_error=f"the Ray task's answer is malformed: {exc.errors()[0]['msg']}")
+            except (self.ray.exceptions.RayError, ValidationError) as exc:
+                died = (f"the judge's Ray task died: {(str(exc).splitlines() or [type(exc).__name__])[0]}"
+                        if isinstance(exc, self.ray.exceptions.RayError)
+                        else f"the judge's Ray task answered nothing readable: {exc.errors()[0]['msg']}")
+                if tries < TRIES:
+                    self._submit(job, tries + 1)
+                else:
+                    yield job, JobOutcome(status="CRASHED", message=f"{died} ({tries} times)"), {}
+                continue
             if answer.device_error:
                 self._again(job, tries, answer.device_error)
                 continue

@@ -7,6 +7,7 @@ never imports or executes anything a solution names.
 """
 
 import contextlib
+import errno
 import hashlib
 import importlib.machinery
 import importlib.metadata
@@ -54,68 +55,110 @@ def content_hash(folder: Path) -> str:
     return files_hash(folder_files(folder))
 
 
-def folder_files(folder: Path) -> dict[str, Path]:
-    """Every file under `folder` (__pycache__ left out), by its path relative to it: see walk_folder."""
-    return {relative: path for relative, path, _ in walk_folder(folder)}
+def folder_files(folder: Path) -> dict[str, bytes | None]:
+    """Every file under `folder` (__pycache__ left out) by its path relative to it: its bytes as walk_folder read
+    them, or None for a link it refuses to follow."""
+    return {relative: data for relative, data, _ in walk_folder(folder)}
 
 
-def walk_folder(folder: Path) -> Iterator[tuple[str, Path, str | None]]:
-    """(relative path, where to read it, problem) for each file under `folder`, __pycache__ left out: the one
-    walk of an untrusted folder, for its hash, its staged copy and its checks. Sizes come from lstat before
-    anything is read. A link leading to a file inside the folder is that file (read at its real path); any
-    other link (leading out, to a folder, or nowhere) is never followed: it comes with a problem saying why,
-    is hashed as a link (files_hash) and refused before a worker starts (folder_problem). FolderError
-    for anything else that is not a plain file or folder, a file with other names (a hard link), version
-    control's files (VERSION_CONTROL_NAMES), a name that is not printable UTF-8, or a folder past the limits."""
+# A folder opened without following a link at its name. Below the folder walked, every name is opened so, from its
+# folder's descriptor: opened by path, a sub-folder swapped for a link to a root-only folder after the walk's lstat
+# of it (renameat2 RENAME_EXCHANGE) was listed and its files read and staged for the worker (O_NOFOLLOW guards only
+# a path's last name).
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+def walk_folder(folder: Path) -> Iterator[tuple[str, bytes | None, str | None]]:
+    """(relative path, bytes, problem) for each file under `folder`, __pycache__ left out: the one walk of an
+    untrusted folder, for its hash, its staged copy and its checks. It reads what it yields through descriptors
+    only (each folder opened from its parent's, each file from its folder's), so what it yields lay inside `folder`
+    whatever changes there meanwhile; callers use these bytes and open nothing again. A link leading to a file
+    inside the folder is that file (_follow_link); any other link (leading out, to a folder, or nowhere) is never
+    followed: it comes with no bytes and a problem saying why, is hashed as a link (files_hash) and refused before
+    a worker starts (folder_problem). FolderError for anything else that is not a plain file or folder, a file
+    with other names (a hard link), version control's files (VERSION_CONTROL_NAMES), a name that is not printable
+    UTF-8, a folder past the limits, or one replaced while it was walked."""
     root = Path(os.path.realpath(folder))
     entries = total = 0
-    pending = [Path(folder)]
-    while pending:
-        directory = pending.pop()
-        try:
-            with os.scandir(directory) as listing:
-                items = sorted(listing, key=lambda item: item.name)
-        except OSError as exc:
-            raise FolderError(f"{_shown(directory)} cannot be listed: {exc.strerror}") from None
-        for item in items:
+
+    def walk(directory: int, prefix: str) -> Iterator[tuple[str, bytes | None, str | None]]:
+        nonlocal entries, total
+        folders = []
+        for name in sorted(os.listdir(directory)):
             entries += 1
             if entries > MAX_ENTRIES:
                 raise FolderError(f"the solution folder holds more than {MAX_ENTRIES} files and folders")
-            path = Path(item.path)
-            relative = path.relative_to(folder).as_posix()
-            if not _printable(item.name):
+            relative = prefix + name
+            if not _printable(name):
                 raise FolderError(f"{_shown(relative)}: a file name must be printable UTF-8")
             too_long = path_problem(relative)
             if too_long:
                 raise FolderError(too_long)
-            if item.name == "__pycache__":
+            if name == "__pycache__":
                 continue
-            if is_version_control(item.name):
+            if is_version_control(name):
                 raise FolderError(f"{relative}: version control's files have no place in a solution folder (git acts "
                                   "on them where the folder is installed; keep a solution's repository above it)")
             try:
-                info = item.stat(follow_symlinks=False)
+                info = os.stat(name, dir_fd=directory, follow_symlinks=False)
             except OSError as exc:  # gone since it was listed
                 raise FolderError(f"{relative} cannot be read: {exc.strerror}") from None
             if stat.S_ISDIR(info.st_mode):
-                pending.append(path)
+                folders.append((name, info))
                 continue
-            problem = None
             if stat.S_ISLNK(info.st_mode):
-                path, info, problem = _follow_link(path, root, relative)
-            if problem:
-                yield relative, path, problem
-                continue
-            if not stat.S_ISREG(info.st_mode):  # a fifo, a socket, a device: reading could block or never end
+                data, problem = _follow_link(top, root, Path(folder, relative), relative)
+                if problem:
+                    yield relative, None, problem
+                    continue
+            elif stat.S_ISREG(info.st_mode):
+                data = _read_at(directory, name, relative)
+            else:  # a fifo, a socket, a device: reading could block or never end
                 raise FolderError(f"{relative} is not a regular file")
-            if info.st_nlink > 1:  # its other names may lie anywhere: the judge staged a hidden trace file's bytes
-                raise FolderError(_hard_link(relative, info))
-            if info.st_size > MAX_FILE_BYTES:
-                raise FolderError(f"{relative} is {info.st_size} bytes; a file may have {MAX_FILE_BYTES >> 20} MiB")
-            total += info.st_size
+            total += len(data)
             if total > MAX_TOTAL_BYTES:
                 raise FolderError(f"the solution folder's files are over the {MAX_TOTAL_BYTES >> 20} MiB they may have")
-            yield relative, path, None
+            yield relative, data, None
+        for name, info in reversed(folders):  # the last first, as the walk by a stack of paths went
+            below = _open_folder(name, directory, info, Path(folder, prefix, name))
+            try:
+                yield from walk(below, f"{prefix}{name}/")
+            finally:  # listed, walked and closed one at a time: open descriptors never pass the depth of the folder
+                os.close(below)
+
+    top = _open_folder(root, None, None, Path(folder))  # the root's path is the caller's: what lies below is not
+    try:
+        yield from walk(top, "")
+    finally:
+        os.close(top)
+
+
+def _open_folder(name: str | Path, directory: int | None, seen: os.stat_result | None, path: Path) -> int:
+    """A descriptor of the folder `name` in the folder open as `directory`, opened without following a link; where
+    the walk has lstat'ed it (`seen`), only while it is the folder seen."""
+    try:
+        descriptor = os.open(name, _FOLDER, dir_fd=directory)
+    except OSError as exc:  # a link or a file now, too
+        raise FolderError(f"{_shown(path)} cannot be listed: {exc.strerror}") from None
+    info = os.fstat(descriptor)
+    if seen is not None and (info.st_dev, info.st_ino) != (seen.st_dev, seen.st_ino):
+        os.close(descriptor)
+        raise FolderError(f"{_shown(path)} was replaced while the folder was read")
+    return descriptor
+
+
+@contextlib.contextmanager
+def _below(directory: int | None, names: Sequence[str | Path]) -> Iterator[int]:
+    """A descriptor of the folder `names` lead to from the one open as `directory`, each opened from the one before
+    it without following a link; all closed on leaving. No names: `directory` itself."""
+    opened = []
+    try:
+        for name in names:
+            opened.append(os.open(name, _FOLDER, dir_fd=opened[-1] if opened else directory))
+        yield opened[-1] if opened else directory
+    finally:
+        for descriptor in opened:
+            os.close(descriptor)
 
 
 # A folder's own git repository (a `core.fsmonitor` in its config ran a command of the submitter's as whoever
@@ -139,19 +182,24 @@ def is_version_control(name: str) -> bool:
     return name.lower() in VERSION_CONTROL_NAMES
 
 
-def _follow_link(link: Path, root: Path, relative: str) -> tuple[Path, os.stat_result | None, str | None]:
-    """(the file a link leads to, its stat, None) when that is a file inside `root`; else (the link, None,
-    why it is refused)."""
+def _follow_link(top: int, root: Path, link: Path, relative: str) -> tuple[bytes | None, str | None]:
+    """(the bytes of the file a link leads to, None) when that is a file inside `root`, open as `top`; else (None,
+    why it is refused). Where it leads is found by path, but the file is read name by name from `top` without
+    following a link: whatever changed meanwhile, it lies inside the folder."""
     try:
         target = Path(os.path.realpath(link))  # as far as it resolves: a loop is left unresolved, inside
         if not target.is_relative_to(root):
-            return link, None, f"{relative} is a link to {_shown(target)}, outside the solution folder"
-        info = os.stat(target)
+            return None, f"{relative} is a link to {_shown(target)}, outside the solution folder"
+        *folders, name = target.relative_to(root).parts or (".",)  # "." for the folder itself
+        with _below(top, folders) as directory:
+            info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):  # a loop realpath left unresolved
+                return None, f"{relative} is a link that leads nowhere ({os.strerror(errno.ELOOP)})"
+            if not stat.S_ISREG(info.st_mode):
+                return None, f"{relative} is a link to {_shown(target)}, which is not a file"
+            return _read_at(directory, name, relative), None
     except OSError as exc:  # a loop, or a link to nothing
-        return link, None, f"{relative} is a link that leads nowhere ({exc.strerror})"
-    if not stat.S_ISREG(info.st_mode):
-        return link, None, f"{relative} is a link to {_shown(target)}, which is not a file"
-    return target, info, None
+        return None, f"{relative} is a link that leads nowhere ({exc.strerror})"
 
 
 def _hard_link(shown: str, info: os.stat_result) -> str:
@@ -173,23 +221,36 @@ def _shown(path: object) -> str:
     return text if _printable(text) else ascii(text)
 
 
-def read_file(path: Path) -> bytes:
-    """A regular file's bytes, at most MAX_FILE_BYTES: opened without following a link or blocking (the folder
-    may change after its walk), so no path can make the judge read a device, a fifo, /proc or, through a hard
-    link, a file outside the folder."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+def read_file(folder: Path, relative: str) -> bytes:
+    """The file at `relative` in `folder`, read as walk_folder reads one: each name below `folder` opened from its
+    parent's descriptor without following a link, so no folder swapped for a link leads the judge out."""
+    *folders, name = PurePosixPath(relative).parts
+    try:  # `folder` is the caller's path, resolved as walk_folder resolves its root
+        with _below(None, [os.path.realpath(folder), *folders]) as directory:
+            return _read_at(directory, name, relative)
     except OSError as exc:
-        raise FolderError(f"{_shown(path.name)} cannot be read: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(fd)
+        raise FolderError(f"{_shown(relative)} cannot be read: {exc.strerror}") from None
+
+
+def _read_at(directory: int, name: str, shown: str) -> bytes:
+    """The bytes of the regular file `name` in the folder open as `directory`, at most MAX_FILE_BYTES: opened without
+    following a link or blocking, and checked on its descriptor (the folder may change after its walk), so no name
+    can make the judge read a device, a fifo, /proc or, through a hard link, a file outside the folder."""
+    try:
+        descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory)
+    except OSError as exc:
+        raise FolderError(f"{_shown(shown)} cannot be read: {exc.strerror}") from None
+    with os.fdopen(descriptor, "rb") as file:
+        info = os.fstat(descriptor)
         if not stat.S_ISREG(info.st_mode):
-            raise FolderError(f"{_shown(path.name)} is not a regular file")
-        if info.st_nlink > 1:  # linked since the walk
-            raise FolderError(_hard_link(_shown(path.name), info))
+            raise FolderError(f"{_shown(shown)} is not a regular file")
+        if info.st_nlink > 1:  # its other names may lie anywhere: the judge staged a hidden trace file's bytes
+            raise FolderError(_hard_link(_shown(shown), info))
+        if info.st_size > MAX_FILE_BYTES:  # refused before it is read
+            raise FolderError(f"{_shown(shown)} is {info.st_size} bytes; a file may have {MAX_FILE_BYTES >> 20} MiB")
         data = file.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise FolderError(f"{_shown(path.name)} is over the {MAX_FILE_BYTES >> 20} MiB a file may have")
+    if len(data) > MAX_FILE_BYTES:  # grown since
+        raise FolderError(f"{_shown(shown)} is over the {MAX_FILE_BYTES >> 20} MiB a file may have")
     return data
 
 
@@ -215,11 +276,11 @@ def write_whole(path: Path, data: bytes, mode: int = 0o644) -> None:
         raise
 
 
-def files_hash(files: Mapping[str, Path]) -> str:
-    """content_hash of the files a solution loads, by the relative path each has where it is loaded. A link
-    walk_folder refuses to follow is never read: it counts as a link, wherever it leads (its solution never
-    runs; staging rewrites where it leads, and the hash must stay the same)."""
-    entries = [(relative.encode(), _REFUSED_LINK if files[relative].is_symlink() else read_file(files[relative]))
+def files_hash(files: Mapping[str, bytes | None]) -> str:
+    """content_hash of the files a solution loads (their bytes: folder_files), by the relative path each has where
+    it is loaded. A link walk_folder refuses to follow (None) is never read: it counts as a link, wherever it
+    leads (its solution never runs; staging rewrites where it leads, and the hash must stay the same)."""
+    entries = [(relative.encode(), _REFUSED_LINK if files[relative] is None else files[relative])
                for relative in sorted(files, key=lambda name: PurePosixPath(name).parts)
                if not is_documentation(relative)]
     digest = hashlib.sha256()

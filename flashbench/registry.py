@@ -45,16 +45,15 @@ class SolutionFolder:
         return (self.path, *self.shared)
 
     @property
-    def files(self) -> dict[str, Path]:
-        """Every file the solution has, by the path it has where the solution is loaded (one folder
-        holding them all); no path is in two of its folders (load_solution_folder checks)."""
-        return {name: path for folder in self.folders for name, path in folder_files(folder).items()}
+    def files(self) -> dict[str, bytes | None]:
+        """Every file the solution has (its bytes: build.folder_files), by the path it has where the solution is
+        loaded (one folder holding them all); no path is in two of its folders (load_solution_folder checks)."""
+        return {name: data for folder in self.folders for name, data in folder_files(folder).items()}
 
     @property
-    def entry_path(self) -> Path | None:
-        """Its entry file, in its own folder or in a shared one; None when there is none."""
-        found = (folder / self.solution.entry_file for folder in self.folders)
-        return next((path for path in found if path.is_file()), None)
+    def entry_folder(self) -> Path | None:
+        """The folder its entry file is in, its own or a shared one; None when there is none."""
+        return next((folder for folder in self.folders if (folder / self.solution.entry_file).is_file()), None)
 
     def content_hash(self) -> str:
         """The hash its traces and builds are keyed by: every file it loads, shared ones included."""
@@ -109,7 +108,7 @@ def load_solution_folder(path: Path) -> SolutionFolder:
         raise FlashbenchError(f"the name {REFERENCE!r} is the definition's reference's; a solution may not take it",
                               manifest, "name")
     loaded = SolutionFolder(path, solution, shared_folders(path, solution))
-    if loaded.entry_path is None:
+    if loaded.entry_folder is None:
         where = " (nor in its shared folders)" if solution.shared else ""
         raise FlashbenchError(f"entry file {solution.entry_file} does not exist{where}", manifest, "entry_point")
     return loaded
@@ -122,7 +121,7 @@ def read_manifest(manifest: Path) -> str:
     if manifest.is_symlink():
         raise FlashbenchError("solution.yaml is a link; the manifest must be a file of the folder", manifest)
     try:
-        data = read_file(manifest)
+        data = read_file(manifest.parent, manifest.name)
     except FolderError as exc:
         raise FlashbenchError(str(exc), manifest) from None
     if len(data) > MAX_MANIFEST_BYTES:

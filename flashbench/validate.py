@@ -3,7 +3,7 @@
 import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .build import FolderError, folder_problem, read_file
 from .errors import FlashbenchError
@@ -153,7 +153,8 @@ def _check_solution(repo: Repo, path: Path, folders: _DefinitionFolders) -> None
     check_name_is_its_own(folders.others(definition.name, path), folder)
     if solution.language != "cuda":
         expected = expected_parameters(definition, solution)
-        check_signature_statically(folder.entry_path, solution.entry_function, expected, manifest)
+        check_signature_statically(folder.entry_folder, solution.entry_file, solution.entry_function, expected,
+                                   manifest)
 
 
 def expected_parameters(definition, solution: Solution) -> list[str]:
@@ -161,15 +162,15 @@ def expected_parameters(definition, solution: Solution) -> list[str]:
     return names + list(definition.outputs) if solution.destination_passing_style else names
 
 
-def check_signature_statically(source: Path, function: str, expected: list[str], manifest: Path) -> None:
-    """Find `def function(...)` at the top level of `source` without importing (it is untrusted code: read as
-    the judge reads a folder's files, never through a link nor past the size limit, and a source the parser
-    cannot hold, one of 100 KB of nested operators, say, is an error, not a crash)."""
+def check_signature_statically(folder: Path, source: str, function: str, expected: list[str], manifest: Path) -> None:
+    """Find `def function(...)` at the top level of `source` (a path in `folder`) without importing (it is untrusted
+    code: read as the judge reads a folder's files, never through a link nor past the size limit, and a source the
+    parser cannot hold, one of 100 KB of nested operators, say, is an error, not a crash)."""
     try:
-        text = read_file(source)
+        text = read_file(folder, source)
     except FolderError as exc:
         raise FlashbenchError(exc.message, manifest, "entry_point") from None
-    check_source_statically(text, source.name, function, expected, manifest, "entry_point")
+    check_source_statically(text, PurePosixPath(source).name, function, expected, manifest, "entry_point")
 
 
 def check_source_statically(text: str | bytes, label: str, function: str, expected: list[str], where: object,

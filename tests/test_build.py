@@ -3,6 +3,8 @@ staged copy and its checks), and the dependency and toolchain checks, which neve
 names. (Building and importing, in the worker, are tested through the runner: tests/test_runner.py.)"""
 
 import os
+import resource
+import shutil
 import sys
 from pathlib import Path
 
@@ -59,7 +61,7 @@ def test_a_folder_without_nul_bytes_keeps_the_plain_hash(tmp_path):
 
 
 def test_a_plain_folder_is_walked_and_checked(folder):
-    assert folder_files(folder) == {"kernel.py": folder / "kernel.py", "sub/util.py": folder / "sub" / "util.py"}
+    assert folder_files(folder) == {"kernel.py": KERNEL.encode(), "sub/util.py": b"K = 1\n"}
     assert folder_problem(folder, solution()) is None
     assert "missing.py does not exist" in folder_problem(folder, solution(entry_point="missing.py::run"))
 
@@ -104,7 +106,7 @@ def test_a_hard_link_is_refused(folder, tmp_path):
     os.link(folder / "kernel.py", folder / "sub" / "kernel_again.py")
     assert "hard link" in refusal(folder)
     with pytest.raises(FolderError, match="kernel.py is a hard link"):  # made after the walk: refused when read
-        read_file(folder / "kernel.py")
+        read_file(folder, "kernel.py")
 
 
 @pytest.mark.parametrize("name", [".git/config", "docs/.git/config", ".GIT/config", ".gitignore", "sub/.gitattributes",
@@ -139,7 +141,7 @@ def test_a_link_out_of_the_folder_is_never_read(folder, monkeypatch):
 
 def test_a_link_to_a_file_inside_is_that_file_and_a_link_to_a_folder_is_refused(folder):
     (folder / "alias.py").symlink_to("sub/util.py")
-    assert folder_files(folder)["alias.py"] == (folder / "sub" / "util.py").resolve()
+    assert folder_files(folder)["alias.py"] == b"K = 1\n"
     assert folder_problem(folder, solution(entry_point="alias.py::run")) is None
     (folder / "tree").symlink_to("sub")
     assert folder_problem(folder, solution()).endswith("/sub, which is not a file")
@@ -148,11 +150,94 @@ def test_a_link_to_a_file_inside_is_that_file_and_a_link_to_a_folder_is_refused(
 def test_read_file_follows_no_link_and_opens_no_fifo(folder):
     (folder / "alias.py").symlink_to("kernel.py")
     os.mkfifo(folder / "pipe")
-    assert read_file(folder / "kernel.py") == KERNEL.encode()
+    assert read_file(folder, "kernel.py") == KERNEL.encode()
     with pytest.raises(FolderError, match="alias.py cannot be read"):
-        read_file(folder / "alias.py")
+        read_file(folder, "alias.py")
     with pytest.raises(FolderError, match="pipe is not a regular file"):
-        read_file(folder / "pipe")  # returns at once: opened without blocking
+        read_file(folder, "pipe")  # returns at once: opened without blocking
+
+
+# A folder changing while it is walked. Red team: the folder's owner swapped sub-folder `a` for a link to a root-only
+# folder (renameat2 RENAME_EXCHANGE, every 15 ms) while the root runner staged it; the walk had lstat'ed `a`, then
+# listed it by path and read its files by path (O_NOFOLLOW guards a path's last name only), and staged the secret.
+# Here the swap is made at once, from inside the walk, at the moment the race needed.
+
+SECRET = b"RUNNER-SECRET\n"
+
+
+def swap_when(monkeypatch, module, function: str, name: str, swapped: Path, replacement: Path) -> None:
+    """Once `module.function` has been called on a path whose last name is `name`, `swapped` is moved out of its
+    folder and `replacement` (a link, or a folder, from outside) takes its name, as renameat2's RENAME_EXCHANGE
+    swaps them."""
+    original = getattr(module, function)
+
+    def hooked(path, *args, **kwargs):
+        try:
+            return original(path, *args, **kwargs)
+        finally:
+            if os.path.basename(path) == name and not os.path.lexists(swapped.parent.parent / "honest"):
+                swapped.rename(swapped.parent.parent / "honest")
+                replacement.rename(swapped)
+    monkeypatch.setattr(module, function, hooked)
+
+
+@pytest.fixture
+def outside(tmp_path) -> Path:
+    """A folder outside the solution's, holding a util.py of its own: what a swapped sub/ leads to."""
+    path = tmp_path / "outside"
+    path.mkdir()
+    (path / "util.py").write_bytes(SECRET)
+    return path
+
+
+@pytest.mark.parametrize("swapped_for, refusal", [("link", "cannot be listed: Not a directory"),  # O_DIRECTORY
+                                                   ("outside", "was replaced while the folder was read")])
+def test_a_folder_swapped_after_its_lstat_is_refused_not_read(folder, outside, monkeypatch, swapped_for, refusal):
+    """sub/ swapped for a link to outside/, or outside/ itself, once zz.py is read: after the walk has lstat'ed
+    sub/, before it lists it. Read by path, the secret was hashed as sub/util.py; the walk opens sub/ from its
+    folder's descriptor, without following a link, and only while it is the folder it lstat'ed."""
+    (folder / "zz.py").write_text("")  # listed after sub/
+    (folder.parent / "link").symlink_to(outside)
+    swap_when(monkeypatch, os, "open", "zz.py", folder / "sub", folder.parent / swapped_for)
+    with pytest.raises(FolderError) as refused:
+        content_hash(folder)
+    assert refused.value.message == f"{folder / 'sub'} {refusal}"
+
+
+def test_a_link_whose_folder_is_swapped_after_it_is_resolved_reads_nothing_outside(folder, outside, monkeypatch):
+    """A link to a file inside is read as that file: where it leads is found by path, but the file is opened name
+    by name from the folder's descriptor. Swapped for a link out once the link is resolved, __pycache__/ (which the
+    walk never lists, so that only the link leads there) is not opened: alias.py is hashed as a link refused, where
+    read by path it was hashed as the secret."""
+    (folder / "__pycache__").mkdir()
+    (folder / "__pycache__" / "util.py").write_text("K = 1\n")
+    (folder / "alias.py").symlink_to("__pycache__/util.py")
+    refused, leaked = (shutil.copytree(folder, folder.parent / name, symlinks=True) for name in ("refused", "leaked"))
+    (refused / "alias.py").unlink()
+    (refused / "alias.py").symlink_to("/nowhere")
+    (leaked / "alias.py").unlink()
+    (leaked / "alias.py").write_bytes(SECRET)
+    (folder.parent / "link").symlink_to(outside)
+    swap_when(monkeypatch, os.path, "realpath", "alias.py", folder / "__pycache__", folder.parent / "link")
+    assert content_hash(folder) != content_hash(leaked)
+    assert content_hash(folder) == content_hash(refused)
+
+
+def test_a_walk_holds_no_descriptor_past_its_folders_depth(tmp_path, monkeypatch):
+    """Sub-folders are opened, listed and closed one at a time: 5,000 folders of one file each under a limit of
+    64 open descriptors, and none left open after the walk."""
+    monkeypatch.setattr(build, "MAX_ENTRIES", 10_000)
+    for index in range(5_000):
+        (tmp_path / "wide" / str(index)).mkdir(parents=True)
+        (tmp_path / "wide" / str(index) / "k.py").write_text("")
+    before = len(os.listdir("/proc/self/fd"))
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, limits[1]))
+    try:
+        assert len(folder_files(tmp_path / "wide")) == 5_000
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 # Dependencies: decided without importing anything a solution names.

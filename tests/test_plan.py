@@ -126,6 +126,39 @@ def test_staging_writes_through_no_link_and_over_no_file(tmp_path, found):
     assert list(victim.iterdir()) == []
 
 
+def test_a_folder_swapped_for_a_link_out_while_it_is_staged_stages_nothing_of_what_it_leads_to(tmp_path, monkeypatch):
+    """Red team: the folder's owner swapped its sub-folder a/ for a link to a root-only folder (renameat2
+    RENAME_EXCHANGE, every 15 ms) while the root runner staged it. Listed and read by path after the walk's lstat
+    of a/, the root-only file was staged as a/util.py in 2 of 30 stagings, and the worker quoted it in a trace.
+    Here the swap comes once kernel.py is read: after a/ is lstat'ed, before it is listed."""
+    path = solution_folder(tmp_path / "mine", "mine")
+    (path / "a").mkdir()
+    (path / "a" / "util.py").write_text("K = 1\n")
+    outside = tmp_path / "root-only"
+    outside.mkdir()
+    (outside / "util.py").write_text("RUNNER-SECRET\n")
+    (tmp_path / "link").symlink_to(outside)
+    loaded = load_solution_folder(path)
+    original = os.open
+
+    def read_then_swap(name, *args, **kwargs):
+        try:
+            return original(name, *args, **kwargs)
+        finally:
+            if os.path.basename(name) == "kernel.py" and not (path / "a").is_symlink():
+                (path / "a").rename(tmp_path / "a.honest")
+                (tmp_path / "link").rename(path / "a")
+    monkeypatch.setattr(os, "open", read_then_swap)
+    refusal = None
+    try:
+        stage_solution(loaded, tmp_path / "staged")
+    except FolderError as exc:
+        refusal = exc.message
+    staged = [found for found in (tmp_path / "staged").rglob("*") if found.is_file()]
+    assert [found for found in staged if b"RUNNER-SECRET" in found.read_bytes()] == []
+    assert refusal == f"{path / 'a'} cannot be listed: Not a directory"  # a link, opened with O_DIRECTORY|O_NOFOLLOW
+
+
 def test_a_cache_that_cannot_be_written_ends_the_run_with_one_line(tmp_path):
     """A file where the cache folder should be (or a full disk) ended the run in a traceback."""
     (tmp_path / "cache").write_text("garbage")

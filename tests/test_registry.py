@@ -469,7 +469,7 @@ def test_missing_shared_folder(root):
 def test_entry_file_in_a_shared_folder(root):
     path, shared = kernel_in_shared_folder(root)
     (loaded,) = Repo(root).solution_folders(DECODE)
-    assert loaded.shared == (shared,) and loaded.entry_path == shared / "kernel.py"
+    assert loaded.shared == (shared,) and loaded.entry_folder == shared
     assert set(loaded.files) == {"solution.yaml", "kernel.py"}
     assert all(c.ok for c in validate(Repo(root), [root / "solutions"]))
     (shared / "kernel.py").write_text("def run(q_nope, q_pe):\n    pass\n")  # the signature is checked there

@@ -165,7 +165,7 @@ def _write(path: Path, text: str) -> None:
 def holds_exactly(folder: Path, files: dict[str, str]) -> bool:
     """The folder holds these files and no other (byte for byte)."""
     present = folder_files(folder)
-    return present.keys() == files.keys() and all(present[k].read_bytes() == v.encode() for k, v in files.items())
+    return present.keys() == files.keys() and all(present[k] == v.encode() for k, v in files.items())
 
 
 def same_files(folder: Path, plan: FolderPlan) -> bool:
@@ -182,7 +182,8 @@ def check_folder(folder: Path, definition: Definition) -> SolutionFolder:
                               manifest, "definition")
     if loaded.solution.language != "cuda":
         expected = expected_parameters(definition, loaded.solution)
-        check_signature_statically(loaded.entry_path, loaded.solution.entry_function, expected, manifest)
+        check_signature_statically(loaded.entry_folder, loaded.solution.entry_file, loaded.solution.entry_function,
+                                   expected, manifest)
     return loaded
 
 
@@ -230,14 +231,15 @@ def folder_to_fib(folder: SolutionFolder, fib_name: str) -> tuple[fib.FibSolutio
     and what it could not carry."""
     solution, notes = folder.solution, []
     sources, empty = [], []
-    for relative, path in sorted(folder.files.items()):
+    files = folder.files
+    for relative, data in sorted(files.items()):
         if relative == "solution.yaml":
             continue
-        if path.is_symlink():  # walk_folder reads a link into the folder at its real path: this one leads out
+        if data is None:  # walk_folder reads a link into the folder as the file it leads to: this one leads out
             notes.append(f"{relative}: a link out of the solution's folder; not exported (nor what it names)")
             continue
         try:
-            content = path.read_bytes().decode()
+            content = data.decode()
         except UnicodeDecodeError:
             notes.append(f"{relative}: not text; FIB embeds text sources only, not exported")
             continue
@@ -253,7 +255,7 @@ def folder_to_fib(folder: SolutionFolder, fib_name: str) -> tuple[fib.FibSolutio
         destination_passing_style=solution.destination_passing_style, binding=binding,
     )
     ext = fib.SolutionExtension(
-        name=solution.name, manifest=(folder.path / "solution.yaml").read_bytes().decode(),
+        name=solution.name, manifest=files["solution.yaml"].decode(),
         solution_hash=folder.content_hash(), empty_files=empty,
         shared={shared.name: sorted(set(folder_files(shared)) & exported) for shared in folder.shared})
     record = fib.FibSolution(name=fib_name, definition=solution.definition, author=solution.author,

@@ -8,7 +8,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ..build import (CACHE_DIR_NAME, HASH_LENGTH, FolderError, content_hash, is_documentation, read_file, walk_folder,
+from ..build import (CACHE_DIR_NAME, HASH_LENGTH, FolderError, content_hash, is_documentation, walk_folder,
                      write_whole)
 from ..errors import FlashbenchError
 from ..model import REFERENCE, Definition, Solution, Workload
@@ -176,15 +176,15 @@ def _snapshot(folder: Path) -> dict[str, tuple[str, bytes | str]]:
 
 def _copy_into(source: Path, staging: Path, documentation: bool = False) -> None:
     """The files of `source` that the content hash covers (no __pycache__, no documentation unless asked
-    for), found by build.walk_folder and read within its limits. FolderError for a link walk_folder refuses:
+    for), as build.walk_folder read them, within its limits. FolderError for a link walk_folder refuses:
     the folder is refused before anything of it is staged."""
     staging.mkdir(parents=True, exist_ok=True)
-    for relative, path, problem in walk_folder(source):
+    for relative, data, problem in walk_folder(source):
         if is_documentation(relative) and not documentation:
             continue
         if problem:
             raise FolderError(problem)
-        _write_new(staging, relative, read_file(path))
+        _write_new(staging, relative, data)
 
 
 def _write_new(root: Path, relative: str, data: bytes) -> None:

@@ -19,7 +19,8 @@ import torch
 
 from flashbench import Repo
 from flashbench.binding import bind_axes, output_shapes
-from flashbench.build import BuildError, folder_problem, is_documentation, load_entry_point, missing_dependencies
+from flashbench.build import (BuildError, folder_files, folder_problem, is_documentation, load_entry_point,
+                              missing_dependencies)
 from flashbench.dtypes import torch_dtype
 from flashbench.model import Workload
 from flashbench.reference import load_reference
@@ -38,7 +39,8 @@ LSE_TOL = dict(atol=1e-2, rtol=1e-3)
 
 def solution_file(definition, name, file="kernel.py") -> Path:
     """Where a file of solutions/<definition>/<name>/ is: in that folder or one of its shared folders."""
-    return load_solution_folder(SOLUTIONS / definition / name).files[file]
+    return next(folder / file for folder in load_solution_folder(SOLUTIONS / definition / name).folders
+                if file in folder_files(folder))
 
 
 def load_module(name, path, folder: Path | None = None):
@@ -46,7 +48,8 @@ def load_module(name, path, folder: Path | None = None):
     files and its shared folders' it imports as siblings (as the staged copy lets it)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    search = sorted({str(file.parent) for file in load_solution_folder(folder).files.values()}) if folder else []
+    folders = load_solution_folder(folder).folders if folder else ()
+    search = sorted({str((where / relative).parent) for where in folders for relative in folder_files(where)})
     sys.path[:0] = search
     try:
         spec.loader.exec_module(module)
@@ -118,9 +121,9 @@ def kernel_of(folder) -> tuple[str, str, str]:
     """What a solution folder runs: its language, entry function and a hash of its files (its shared
     folders' included; the manifest and documentation left out)."""
     digest = hashlib.sha256()
-    for name, path in sorted(folder.files.items()):
+    for name, data in sorted(folder.files.items()):
         if name != "solution.yaml" and not is_documentation(name):
-            digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+            digest.update(name.encode() + b"\0" + data + b"\0")
     return folder.solution.language, folder.solution.entry_function, digest.hexdigest()
 
 

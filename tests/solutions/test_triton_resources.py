@@ -111,7 +111,8 @@ def launches_on_a_real_shape(folder: Path, monkeypatch) -> tuple[str, list[tuple
         shapes = output_shapes(definition, bind_axes(definition, inputs))
         args += [torch.empty(shape, dtype=torch_dtype(definition.outputs[name].dtype), device="meta")
                  for name, shape in shapes.items()]
-    module = load_module(f"triton_resources_{folder.parent.name}_{folder.name}", loaded.entry_path, folder)
+    entry = loaded.entry_folder / solution.entry_file
+    module = load_module(f"triton_resources_{folder.parent.name}_{folder.name}", entry, folder)
     return workload.name, record_launches(lambda: getattr(module, solution.entry_function)(*args))
 
 
@@ -136,6 +137,6 @@ def test_the_spill_list_names_kernels_that_exist():
     names = {f"{f.parent.name}/{f.name}" for f in FOLDERS}
     for folder, kernel in KNOWN_SPILLS:
         assert folder in names, folder
-        files = load_solution_folder(ROOT / "solutions" / folder).files.values()
-        sources = [f.read_text() for f in files if f.suffix == ".py"]
+        files = load_solution_folder(ROOT / "solutions" / folder).files
+        sources = [data.decode() for name, data in files.items() if name.endswith(".py")]
         assert any(re.search(rf"def {kernel}\(", source) for source in sources), (folder, kernel)

@@ -20,8 +20,9 @@ RUN_AGAIN = "MISSING_DEPENDENCY"
 # poisoned with random values (a constant passed an unwritten element whose value it was), paths in a folder bounded;
 # 4: a sampling definition's jobs check at least MIN_CHECKED_SAMPLES samples (an argmax sampler passed on a few);
 # 5: the inputs are sampled when a batch's reply arrives (a worker that wrote part of them after replying passed),
-# and a folder with a refused link is refused before it is staged.
-JUDGE_VERSION = 5
+# and a folder with a refused link is refused before it is staged; 6: a folder is walked and read through
+# descriptors only (a sub-folder swapped for a link while it was staged had a file from outside staged).
+JUDGE_VERSION = 6
 TIMEOUT_KEY = "timeout_s"  # the run's --timeout, in every trace's environment
 
 

@@ -17,13 +17,23 @@ def reference_source(definition: Definition, root: Path) -> str:
         else definition.reference
 
 
+# The folder of the repository that holds reference files: trusted code, which the judge imports in its own process.
+REFERENCES_DIR = "references"
+
+
 def reference_file(definition: Definition, root: Path, where: object) -> Path:
-    """The file a definition's reference names, inside `root`: an absolute path, `..` or a link out of the
-    repository was imported as it was (a red team's imported dataset ran a file of its own choosing, again on
-    every later command)."""
+    """The file a definition's reference names, inside `root`'s references/ folder after every link is followed: an
+    absolute path, `..` or a link out of the repository was imported as it was (a red team's imported dataset ran a
+    file of its own choosing, again on every later command), and a path to a file elsewhere in the repository named
+    one a sandboxed worker may rewrite (its build folder in the cache lasts between runs), which every later
+    command then ran in the runner."""
     path = (root / definition.reference).resolve()
     if Path(definition.reference).is_absolute() or not path.is_relative_to(Path(root).resolve()):
         raise FlashbenchError(f"the reference file {definition.reference} is outside the repository", where,
+                              "reference")
+    if not path.is_relative_to((Path(root) / REFERENCES_DIR).resolve()):
+        raise FlashbenchError(f"the reference file {definition.reference} is outside the repository's "
+                              f"{REFERENCES_DIR}/ folder, the only one whose files are run as references", where,
                               "reference")
     return path
 

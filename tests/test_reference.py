@@ -75,6 +75,24 @@ def test_a_reference_file_outside_the_repository_is_refused_and_never_imported(r
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("named", [".flashbench-cache/build/0123/ref.py", "solutions/ref.py", "references/out.py"])
+def test_a_reference_file_outside_the_references_folder_is_refused_and_never_imported(repo_root, named):
+    """A path into the cache named a file a sandboxed worker may rewrite (its build folder lasts between runs): an
+    imported dataset's reference named one, which every later command ran in the runner. A link in references/
+    to such a file is refused alike."""
+    target = repo_root / (".flashbench-cache/build/0123/ref.py" if named == "references/out.py" else named)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    marker = target.with_suffix(".ran")
+    target.write_text(f"open({str(marker)!r}, 'w').close()\ndef run({INPUTS}):\n    pass\n")
+    if named == "references/out.py":
+        (repo_root / named).symlink_to(target)
+    text = definition_path(repo_root).read_text()
+    old = f"reference: references/mla_paged/{DECODE}.py"
+    definition_path(repo_root).write_text(text.replace(old, f"reference: {named}"))
+    expect_reference_error(repo_root, "outside the repository's references/ folder")
+    assert not marker.exists()
+
+
 def test_reference_without_run(repo_root):
     reference_path(repo_root).write_text("def forward(q_nope):\n    return q_nope\n")
     expect_reference_error(repo_root, "no function 'run'")

@@ -65,7 +65,7 @@ def folder_files(folder: Path) -> dict[str, bytes | None]:
 # folder's descriptor: opened by path, a sub-folder swapped for a link to a root-only folder after the walk's lstat
 # of it (renameat2 RENAME_EXCHANGE) was listed and its files read and staged for the worker (O_NOFOLLOW guards only
 # a path's last name).
-_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+NO_LINK_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
 def walk_folder(folder: Path) -> Iterator[tuple[str, bytes | None, str | None]]:
@@ -137,7 +137,7 @@ def _open_folder(name: str | Path, directory: int | None, seen: os.stat_result |
     """A descriptor of the folder `name` in the folder open as `directory`, opened without following a link; where
     the walk has lstat'ed it (`seen`), only while it is the folder seen."""
     try:
-        descriptor = os.open(name, _FOLDER, dir_fd=directory)
+        descriptor = os.open(name, NO_LINK_FOLDER, dir_fd=directory)
     except OSError as exc:  # a link or a file now, too
         raise FolderError(f"{_shown(path)} cannot be listed: {exc.strerror}") from None
     info = os.fstat(descriptor)
@@ -154,7 +154,7 @@ def _below(directory: int | None, names: Sequence[str | Path]) -> Iterator[int]:
     opened = []
     try:
         for name in names:
-            opened.append(os.open(name, _FOLDER, dir_fd=opened[-1] if opened else directory))
+            opened.append(os.open(name, NO_LINK_FOLDER, dir_fd=opened[-1] if opened else directory))
         yield opened[-1] if opened else directory
     finally:
         for descriptor in opened:

@@ -437,17 +437,17 @@ def test_a_failed_move_puts_the_repository_back_as_it_was(tmp_path, monkeypatch)
     real, moved, failure = os.replace, [], [OSError(28, "No space left on device")]
     trace_file = imported_trace_dir(repo, "fib") / "nvidia_h100" / f"{DEF}.jsonl"
 
-    def failing(src, dst):
-        if Path(dst) == trace_file and failure:
+    def failing(src, dst, **folders):  # moves into the repository name the target in its folder's descriptor
+        if dst == trace_file.name and failure:
             raise failure.pop()
-        moved.append(Path(dst))
-        return real(src, dst)
+        moved.append(dst)
+        return real(src, dst, **folders)
 
     monkeypatch.setattr(staging.os, "replace", failing)
     summary = import_fib(dataset, repo, "fib")
     assert [f.definition for f in summary.failed] == [DEF]
     assert "No space left on device" in summary.failed[0].why
-    assert repo / "solutions" / DEF / "py_loop_v2" in moved  # the new folder was in place before the failure
+    assert "py_loop_v2" in moved  # the new folder was in place before the failure
     assert files_of(repo) == before
     assert not any((repo / ".flashbench-cache" / "import-staging").iterdir())  # no staging left behind
 
@@ -583,6 +583,44 @@ def test_import_reads_no_file_through_a_link_out_of_the_dataset_nor_a_fifo(tmp_p
     assert all(f"{name}: a link out of the dataset" in ignored for name in ("stolen.json", "fifo.jsonl", "zero.jsonl"))
     (skipped,) = [w for w in rows(summary, DEF, "workload", "skipped") if CAPTURED in w]
     assert "a link out of the dataset" in skipped
+
+
+def test_import_copies_no_repository_trace_file_that_is_a_link(tmp_path):
+    """A committed link in place of a trace file (to /proc/self/environ) was read and its target's bytes committed."""
+    dataset = make_dataset(tmp_path / "fib")
+    repo = empty_repo(tmp_path / "repo")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("MY_API_TOKEN=sekrit-123\n")
+    trace_file = imported_trace_dir(repo, "fib") / "nvidia_h100" / f"{ADD}.jsonl"
+    trace_file.parent.mkdir(parents=True)
+    trace_file.symlink_to(secret)
+
+    summary = import_fib(dataset, repo, "fib")
+
+    assert trace_file.is_symlink()  # left as it was: no plain file holds what it leads to
+    assert not any(b"sekrit" in p.read_bytes() for p in repo.rglob("*") if p.is_file() and not p.is_symlink())
+    (failed,) = summary.failed
+    assert failed.definition == ADD and f"{trace_file}: cannot read: it is a link" in failed.why
+    assert summary.count("trace", "imported") == len(traces())  # the other definition came in
+
+
+def test_import_writes_nothing_through_a_folder_of_the_repository_that_is_a_link(tmp_path):
+    """A committed link definitions/<op_type> to a folder outside received the import's definition and workloads."""
+    dataset = make_dataset(tmp_path / "fib")
+    repo = empty_repo(tmp_path / "repo")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (repo / "definitions/elementwise").symlink_to(outside)
+
+    summary = import_fib(dataset, repo, "fib")
+
+    assert not any(outside.iterdir())
+    (failed,) = summary.failed
+    assert failed.definition == ADD
+    assert failed.why == (f"nothing of it imported: {repo / 'definitions/elementwise'}: a link or a file where a "
+                          "folder should be; nothing is placed through it")
+    assert ADD not in Repo(repo).names() and DEF in Repo(repo).names()
+    assert not list(imported_trace_dir(repo, "fib").rglob(f"{ADD}*"))  # none of its files came in elsewhere
 
 
 def test_hostile_records_are_one_line_each_and_the_rest_comes_in(tmp_path):

@@ -41,7 +41,7 @@ from ..model.solution import SHARED_FOLDER
 from ..model.workload import naming_clash
 from ..reference import reference_file
 from ..registry import WORKLOADS_SUFFIX, Repo, case_twin, load_solution_folder, look_alike_among
-from ..traces import hardware_slug, read_traces, sole_writer, trace_file_name
+from ..traces import hardware_slug, read_trace_bytes, read_traces, sole_writer, trace_file_name
 from ..validate import check_source_statically
 from ..workloads import workload_problem
 from . import fib_model as fib
@@ -235,7 +235,7 @@ class Importer:
         return self.summary
 
     def import_definition(self, name: str) -> Summary:
-        staging = Staging(self.root, self.root / CACHE_DIR_NAME / "import-staging")
+        staging = Staging(self.root, Path(CACHE_DIR_NAME, "import-staging"))
         try:
             summary = DefinitionImport(self, name, staging).run()
             traces = self.root / "traces"  # a run writing there would set the imported traces aside
@@ -580,16 +580,15 @@ class TraceWriter:
     def open(self, relative: Path) -> set[tuple[str, str, str]]:
         """Start the staged file as a copy of the repository's; the keys it holds."""
         existing, staged = self.importer.root / relative, self.importer.staging.path(relative)
+        # Read as a run reads its trace files (never through a link, nor blocking), from a folder the commit would
+        # write into (no link on the way): a committed link to /proc/self/environ put the runner's environment into
+        # the trace file committed.
+        self.importer.staging.check(relative)
         staged.parent.mkdir(parents=True, exist_ok=True)
-        keys = set()
-        if existing.is_file():
-            staged.write_bytes(existing.read_bytes())
-            # Every record the file holds; a line that is no trace (a list, a field of the wrong type: the file
-            # is on disk for anyone to edit) is skipped with a warning, as every board skips it.
-            keys.update((trace.solution, trace.workload, trace.timestamp) for trace in read_traces(existing))
-        else:
-            staged.touch()
-        return keys
+        staged.write_bytes(read_trace_bytes(existing))
+        # Every record the file holds; a line that is no trace (a list, a field of the wrong type: the file
+        # is on disk for anyone to edit) is skipped with a warning, as every board skips it.
+        return {(trace.solution, trace.workload, trace.timestamp) for trace in read_traces(existing)}
 
     def stage(self) -> None:
         for relative, seen in self.seen.items():

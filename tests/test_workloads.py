@@ -4,6 +4,7 @@ captured index structure is held to."""
 import importlib.util
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -679,7 +680,54 @@ def test_validate_and_run_refuse_captured_structure_no_generator_makes(root, nam
     assert checked.errors == (f"{path}: workloads[0] ({workload}): inputs.{field}: {message}",)
     repo = Repo(root)
     with pytest.raises(FlashbenchError, match=f"workload {workload}: inputs.{field}: "):
-        refuse_invalid_workloads(repo, repo.definition(name), repo.workload_set(name).workloads)
+        refuse_invalid_workloads(repo, repo.definition(name), repo.workload_set(name).workloads, "cpu")
+
+
+# A decode workload of an 8192-page cache, drawn at random: some 8 MiB of inputs.
+LARGE_POOL = {"uuid": "dddddddd-0001-4000-8000-000000000001", "name": "large_pool", "inputs": SCALE,
+              "generate": [{"generator": "paged_kv", "kv_lens": {"distribution": "list", "values": [1, 2]},
+                            "page_pool": 8192}]}
+
+
+def drawn_on(monkeypatch) -> list[str]:
+    """The devices random inputs are drawn on from now on."""
+    devices, draw = [], random_tensor
+    monkeypatch.setattr("flashbench.workloads.random_tensor", lambda *args: devices.append(args[-1]) or draw(*args))
+    return devices
+
+
+@pytest.mark.parametrize("device, budget, where", [
+    ("cpu", "captured_memory_budget", "of this machine's memory (a sixteenth)"),
+    ("cuda:0", "job_memory_budget", "a job may take of cuda:0"),
+])
+def test_run_refuses_a_workload_one_input_set_of_which_its_device_cannot_hold(repo, decode, monkeypatch, device,
+                                                                                budget, where):
+    """An imported workload of 2^28 floats per input passed validate, and `run` drew its sets in the judge, which
+    was killed for memory: no trace, no word, the run lost. One set's bytes are told from the shapes, and a set past
+    the device's budget is refused, before anything is drawn, with one line."""
+    large, devices = Workload.model_validate(LARGE_POOL), drawn_on(monkeypatch)
+    monkeypatch.setattr(f"flashbench.workloads.{budget}", lambda *device: 1 << 20)
+    with pytest.raises(FlashbenchError) as refused:
+        refuse_invalid_workloads(repo, decode, [large], device)
+    assert re.search(r"workload large_pool: .*one input set.* needs [\d,]+ bytes \([\d,]+ of inputs, [\d,]+ of "
+                     rf"outputs\), more than the 1,048,576 {re.escape(where)}", str(refused.value))
+    assert "\n" not in str(refused.value) and set(devices) == {"meta"}
+    monkeypatch.setattr(f"flashbench.workloads.{budget}", lambda *device: 1 << 30)
+    refuse_invalid_workloads(repo, decode, [large], device)
+
+
+def test_validate_refuses_a_workload_one_input_set_of_which_no_gpu_could_hold(root, monkeypatch):
+    """`validate` and `import-fib` know no device: a workload past the largest GPU made is invalid; the
+    repository's own, GPU-sized ones past this machine's memory too, stay valid."""
+    path = edit_workloads(root, DECODE, lambda d: d["workloads"].append(LARGE_POOL))
+    devices = drawn_on(monkeypatch)
+    assert validate(Repo(root), [path])[0].ok
+    edit_workloads(root, DECODE, lambda d: d.update(workloads=[LARGE_POOL]))
+    monkeypatch.setattr("flashbench.workloads.LARGEST_GPU_BYTES", 10 << 20)
+    (checked,) = validate(Repo(root), [path])
+    assert len(checked.errors) == 1 and "\n" not in checked.errors[0] and set(devices) == {"meta"}
+    assert re.search(r"\(large_pool\): a job of one input set \(the judge's copies too\) needs [\d,]+ bytes .*more "
+                     r"than the 6,291,456 a job may take of any GPU$", checked.errors[0])
 
 
 SPARSE_DECODE = "flashmla_sparse_decode_fp8_sink_h64_ckv512_kpe64_ps64_topk2048"

@@ -61,12 +61,13 @@ def select_workloads(repo: Repo, definition: str, selectors: list[str], device: 
     return chosen
 
 
-def refuse_invalid_workloads(repo: Repo, definition: Definition, workloads: list[Workload]) -> None:
-    """A workload `validate` refuses is refused before any pair runs: its pairs would fail every solution, the
-    reference's too. (Its index structure is made to check it: up to a second for the largest.)"""
+def refuse_invalid_workloads(repo: Repo, definition: Definition, workloads: list[Workload], device: str) -> None:
+    """A workload `validate` refuses, or one input set of which `device` cannot hold, is refused before any pair
+    runs: its pairs would fail every solution, the reference's too, and the judge drawing a set past memory would be
+    killed, the whole run lost. (Its index structure is made to check it: up to a second for the largest.)"""
     path = repo.workloads_path(definition.name)
     for workload in workloads:
-        problem = workload_problem(definition, workload, path.parent)
+        problem = workload_problem(definition, workload, path.parent, device)
         if problem:
             raise FlashbenchError(problem, path, f"workload {workload.label}")
 

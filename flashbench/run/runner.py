@@ -77,7 +77,7 @@ class Runner:
         """Every (candidate, workload) job. The reference's jobs run first (across the pool) and
         the others only once those are recorded, so every speedup has its reference latency.
         `advance` is called as each pair ends, `on_phase` as a job enters a phase (jobs.PHASES)."""
-        refuse_invalid_workloads(self.repo, self.definition, workloads)
+        refuse_invalid_workloads(self.repo, self.definition, workloads, self.options.device)
         sources = tuple(path for candidate in chosen for path in candidate.sources)
         config = JudgeConfig.for_run(self.definition, self.repo.root, self.repo.definition_path(self.definition.name),
                                      self.options, self.hardware, sources)

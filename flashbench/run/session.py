@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from ..dtypes import has_nan
 from ..model import OutputError, Status
+from ..workloads.tensors import job_memory_budget
 from . import sandbox
 from .arena import Arena, plan_layout, views
 from .judge.check import CheckedCall, Verdict, check_job
@@ -175,21 +176,6 @@ class Session:
         except (ValueError, RuntimeError) as exc:
             raise _Stop(JobOutcome(status="REJECTED", message=f"the worker's arena cannot be used: {exc}",
                                    log=worker.log_tail(), worker_usable=False)) from None
-
-
-# The share of a GPU's memory a job's input sets, output slots and the baseline's copies may take (sets_within
-# keeps to it with fewer sets); the rest is for the reference's and the solution's own work, the CUDA contexts
-# and the flush. Counted so, the largest MHA varlen workload (d_qk 192, 16 sequences of 128-8192 tokens) needs
-# about 74 GB with three sets at its mean length: the H200's 141 GB holds them, as in v7 and v8; an 80 GB
-# H100, which ran out with three, holds one.
-JOB_MEMORY_SHARE = 0.6
-
-
-def job_memory_budget(device: str) -> int | None:
-    """What a job's sets may take of the device (none on a CPU: the host's memory is not the judge's to divide)."""
-    if torch.device(device).type != "cuda":
-        return None
-    return int(JOB_MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory)
 
 
 # What a worker may report of its own failure once a job is open: its call failed, or its outputs are

@@ -19,20 +19,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..binding import BindingError, bind_axes
-from ..dtypes import torch_dtype
+from ..binding import BindingError, bind_axes, output_shapes
+from ..dtypes import nbytes, torch_dtype
 from ..errors import shortened
 from ..model import Definition, Workload
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 from .generators import DATA_OUTPUTS, GENERATORS, INDEX_RULES, GeneratedData, IndexRule, sample_lengths
-from .tensors import (DEFAULT_RANDOM, captured_memory_budget, random_tensor, refill_random, safetensors_tensor, scalable,
-                      scalar_value, symmetric)
+from .tensors import (DEFAULT_RANDOM, JOB_MEMORY_SHARE, LARGEST_GPU_BYTES, captured_memory_budget, job_bytes,
+                      job_memory_budget, random_tensor, refill_random, safetensors_tensor, scalable, scalar_value,
+                      symmetric)
 
 __all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "whole_redrawn",
            "refill_whole", "draw_windows", "window_copies", "window_elements", "window_spans", "window_starts",
            "generated_data", "redrawn_data", "draw_data_windows", "data_window_copies", "data_window_spans",
            "unredrawn_data_inputs", "index_inputs", "sample_lengths", "structured_inputs", "check_workload",
-           "workload_problem"]
+           "workload_problem", "set_memory_problem"]
 
 
 def derive_seed(*parts: object) -> int:
@@ -133,9 +134,10 @@ def index_inputs(definition: Definition) -> set[str]:
             and (torch_dtype(spec.dtype).itemsize > 1 or name in read)}
 
 
-def check_workload(definition: Definition, workload: Workload, base_dir: Path) -> None:
+def check_workload(definition: Definition, workload: Workload, base_dir: Path) -> dict[str, Any]:
     """What `validate` and `import-fib` check of one workload without drawing data: its axes and inputs are
-    the definition's, and its inputs are made on "meta" (shapes only; index tensors for real) and bound."""
+    the definition's, and its inputs are made on "meta" (shapes only; index tensors for real) and bound; those
+    inputs."""
     for axis in workload.axes:
         if axis not in definition.var_axes:
             raise BindingError(f"axes.{axis}: not a var axis of {definition.name}")
@@ -143,23 +145,46 @@ def check_workload(definition: Definition, workload: Workload, base_dir: Path) -
         if name not in definition.inputs:
             raise BindingError(f"inputs.{name}: not an input of {definition.name}")
     try:
-        generate_inputs(definition, workload, seed=0, device="meta", base_dir=base_dir)
+        return generate_inputs(definition, workload, seed=0, device="meta", base_dir=base_dir)
     except MemoryError as exc:  # index structure past this machine's memory (a page pool of 10^12)
         raise BindingError(f"its index structure does not fit in memory here: {shortened(str(exc))}") from None
     except RuntimeError as exc:  # torch's own refusal of the shapes (a size past int64 in all): the workload's
         raise BindingError(f"its inputs cannot be made: {shortened(str(exc).splitlines()[0])}") from None
 
 
-def workload_problem(definition: Definition, workload: Workload, base_dir: Path) -> str | None:
-    """Why `validate` refuses a workload, which `run` does not run either; None if nothing."""
+def workload_problem(definition: Definition, workload: Workload, base_dir: Path, device: str | None = None
+                     ) -> str | None:
+    """Why `validate` refuses a workload, which `run` does not run either; None if nothing. `run` names its device,
+    which must hold one input set (set_memory_problem); `validate` names none."""
     try:
-        check_workload(definition, workload, base_dir)
+        inputs = check_workload(definition, workload, base_dir)
+        outputs = output_shapes(definition, bind_axes(definition, inputs))
     except ValueError as exc:  # BindingError, and what making an input raises
         return str(exc)
     fixed = unredrawn_data_inputs(definition, workload)
     if fixed:  # the same data on every call: a solution could memoize its outputs
         return f"inputs {', '.join(fixed)} carry data that no call redraws"
-    return None
+    return set_memory_problem(sum(t.nbytes for t in inputs.values() if isinstance(t, torch.Tensor)),
+                              sum(nbytes(definition.outputs[name].dtype, shape) for name, shape in outputs.items()),
+                              device)
+
+
+def set_memory_problem(set_bytes: int, output_bytes: int, device: str | None) -> str | None:
+    """Why one input set (`set_bytes` of inputs, `output_bytes` of outputs) cannot be held where its job runs, told
+    from shapes before anything is drawn (a judge that drew it regardless was killed for memory, the run lost). On a
+    GPU (any GPU, with no device named, as in `validate`): a job of one set past job_memory_budget. On a CPU, where
+    the judge keeps every set: the set past captured_memory_budget, which counts the copies a run keeps."""
+    if device is not None and torch.device(device).type != "cuda":
+        needed, available = set_bytes + output_bytes, captured_memory_budget()
+        what, where = "one input set", "of this machine's memory (a sixteenth) that one workload's inputs may take"
+    else:
+        needed = job_bytes(1, set_bytes, output_bytes)
+        available = job_memory_budget(device) if device else int(JOB_MEMORY_SHARE * LARGEST_GPU_BYTES)
+        what, where = "a job of one input set (the judge's copies too)", f"a job may take of {device or 'any GPU'}"
+    if needed <= available:
+        return None
+    return (f"{what} needs {needed:,} bytes ({set_bytes:,} of inputs, {output_bytes:,} of outputs), more than "
+            f"the {available:,} {where}")
 
 
 def random_seed(seed: int, workload: Workload, name: str) -> int:

@@ -146,6 +146,33 @@ def captured_memory_budget() -> int:
     return (usable_memory() or 16 << 30) // 16
 
 
+# The share of a GPU's memory a job's input sets, output slots and the baseline's copies may take (sets_within
+# keeps to it with fewer sets); the rest is for the reference's and the solution's own work, the CUDA contexts
+# and the flush. Counted so, the largest MHA varlen workload (d_qk 192, 16 sequences of 128-8192 tokens) needs
+# about 74 GB with three sets at its mean length: the H200's 141 GB holds them, as in v7 and v8; an 80 GB
+# H100, which ran out with three, holds one.
+JOB_MEMORY_SHARE = 0.6
+
+
+def job_memory_budget(device: str) -> int | None:
+    """What a job's sets may take of the device (none on a CPU: the host's memory is not the judge's to divide)."""
+    if torch.device(device).type != "cuda":
+        return None
+    return int(JOB_MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory)
+
+
+# The most memory of any GPU made now (an NVIDIA B300's 288 GB): `validate` knows no device, so it refuses only a
+# workload one input set of which no GPU could hold (job_bytes within JOB_MEMORY_SHARE of this).
+LARGEST_GPU_BYTES = 288 * 10**9
+
+
+def job_bytes(count: int, set_bytes: int, output_bytes: int) -> int:
+    """The device memory a job of `count` input sets takes: each set twice (the judge's current copy and the
+    worker's arena) and the baseline's one, an output slot per set and one more, and the baseline's two output
+    buffers."""
+    return (2 * count + 1) * set_bytes + (count + 3) * output_bytes
+
+
 def safetensors_tensor(spec: SafetensorsInput, base: Path, dtype: str, device: str, budget: int) -> torch.Tensor:
     """The captured tensor; `base` is the workload file's folder, and the blob must be a file inside it (a workload
     from anyone named /home/..., ../.. or a link out, and its worker was handed whatever that file held). A tensor

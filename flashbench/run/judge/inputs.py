@@ -18,6 +18,7 @@ from ...binding import bind_axes, output_shapes
 from ...dtypes import nbytes
 from ...model import Definition, Workload
 from ...workloads import generate_inputs, random_inputs
+from ...workloads.tensors import job_bytes
 from ..recipe import InputSets
 
 
@@ -65,11 +66,9 @@ class JobInputs:
 
 
 def sets_within(budget_bytes: int, asked: int, set_bytes: int, output_bytes: int) -> int:
-    """The most input sets, at most `asked` and at least one, whose device memory fits the budget: each set
-    twice (the judge's current copy and the worker's arena) and the baseline's one, an output slot per set
-    and one more, and the baseline's two output buffers."""
+    """The most input sets, at most `asked` and at least one, whose device memory (job_bytes) fits the budget."""
     for count in range(asked, 1, -1):
-        if (2 * count + 1) * set_bytes + (count + 3) * output_bytes <= budget_bytes:
+        if job_bytes(count, set_bytes, output_bytes) <= budget_bytes:
             return count
     return 1
 

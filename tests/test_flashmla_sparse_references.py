@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from flashbench import Repo
+from flashbench.run.judge.check import compare_outputs
+from flashbench.workloads import generate_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFILL = "flashmla_sparse_prefill_h128_ckv512_kpe64_topk2048"
@@ -276,3 +278,24 @@ def test_decode_never_reads_the_token_of_an_invalid_entry():
     indices[indices == 0] = 1
     out, lse = reference(DECODE).run(q, poisoned.reshape(packed.shape), indices, scale)
     assert not out.isnan().any() and not lse.isnan().any()
+
+
+@pytest.mark.parametrize("name, workload", [
+    ("flashmla_sparse_decode_fp8_sink_h64_ckv512_kpe64_ps64_topk2048", "b16_sq2_kv2048_heavy_sink"),
+    (DECODE_SINK, "b16_sq2_kv2048_heavy_sink"),
+    ("flashmla_sparse_prefill_sink_topklen_h64_ckv512_kpe64_topk2048", "q64_kv2048_heavy_sink"),
+    (PREFILL_SINK, "q64_kv2048_heavy_sink")])
+def test_a_kernel_that_skips_the_sink_on_long_rows_fails_the_heavy_sink_workload(name, workload):
+    """With sinks drawn normal(0, 2), the sink took under 3% of a row of 2048 entries, within the tolerance: a
+    kernel that skipped it on every row of over 128 entries PASSED every other workload (a red team). Every row
+    of this workload is long, and its sinks are about its rows' lse."""
+    repo = Repo(ROOT)
+    definition = repo.definition(name)
+    chosen = next(w for w in repo.workload_set(name).workloads if w.name == workload)
+    inputs = generate_inputs(definition, chosen, 0, "cpu", repo.workloads_path(name).parent)
+    run = reference(name).run
+    arguments = [inputs[n] for n in definition.inputs]
+    expected = dict(zip(definition.outputs, run(*arguments)))
+    sinkless = [torch.full_like(a, -math.inf) if n == "attn_sink" else a for n, a in zip(definition.inputs, arguments)]
+    verdict = compare_outputs(definition, dict(zip(definition.outputs, run(*sinkless))), expected)
+    assert not verdict.passed and verdict.errors["out"].mismatch_fraction > 0.5

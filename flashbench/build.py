@@ -222,8 +222,9 @@ def _shown(path: object) -> str:
 
 
 def read_file(folder: Path, relative: str) -> bytes:
-    """The file at `relative` in `folder`, read as walk_folder reads one: each name below `folder` opened from its
-    parent's descriptor without following a link, so no folder swapped for a link leads the judge out."""
+    """The plain file at `relative` in `folder`: each name below `folder` opened from its parent's descriptor without
+    following a link, so no folder swapped for a link leads the judge out. Unlike walk_folder, a link to a file
+    inside the folder is refused, not followed."""
     *folders, name = PurePosixPath(relative).parts
     try:  # `folder` is the caller's path, resolved as walk_folder resolves its root
         with _below(None, [os.path.realpath(folder), *folders]) as directory:

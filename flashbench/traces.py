@@ -52,6 +52,8 @@ def check_writable(path: Path, trace_dir: Path) -> None:
         raise FlashbenchError(f"cannot write traces: {exc.strerror}", path) from None
     if not inside:
         raise FlashbenchError(f"cannot write traces: its folder leads out of {trace_dir} through a link", path)
+    if path.parent.is_symlink():  # read_traces reads no file there: records written through it would be lost
+        raise FlashbenchError("cannot write traces: its folder is a link", path)
     os.close(_open_for_append(path))
 
 
@@ -69,15 +71,24 @@ def _open_for_append(path: Path) -> int:
     return fd
 
 
+# The most a trace file may hold to be read: a sparse file of 256 GiB kept every board busy for minutes.
+MAX_TRACE_FILE_BYTES = 1 << 30
+
+
 def read_trace_bytes(path: Path) -> bytes:
-    """A trace file's bytes as the recorder compares them: never through a link, never blocking (open_plain)."""
+    """A trace file's bytes as the recorder compares them: never through a link, never blocking (open_plain), and
+    no more than read_traces reads of one (MAX_TRACE_FILE_BYTES)."""
     try:
         with open_plain(path) as handle:
-            return handle.read()
+            data = handle.read(MAX_TRACE_FILE_BYTES + 1)
     except FileNotFoundError:
         return b""
     except OSError as exc:
         raise FlashbenchError(f"cannot read traces: {exc.strerror}", path) from None
+    if len(data) > MAX_TRACE_FILE_BYTES:
+        raise FlashbenchError(f"cannot read traces: over the {MAX_TRACE_FILE_BYTES >> 30} GiB a trace file may hold",
+                              path)
+    return data
 
 
 @contextlib.contextmanager
@@ -165,10 +176,6 @@ def append_trace(path: Path, trace: Trace) -> None:
                               path) from None
     finally:
         os.close(fd)
-
-
-# The most a trace file may hold to be read: a sparse file of 256 GiB kept every board busy for minutes.
-MAX_TRACE_FILE_BYTES = 1 << 30
 
 
 def read_traces(path: Path) -> list[Trace]:

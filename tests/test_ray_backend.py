@@ -18,6 +18,7 @@ from flashbench.run import RunOptions, Runner, select_solutions, select_workload
 from flashbench.run import ray_backend
 from flashbench.run.jobs import JobJudge, JudgeConfig
 from flashbench.run.plan import Job
+from flashbench.run.resume import TASK_DIED_KEY
 from flashbench.run.ray_backend import TRIES, RayBackend, TaskAnswer, job_task
 from flashbench.run.session import JobOutcome
 
@@ -282,8 +283,9 @@ def test_a_job_whose_task_dies_twice_is_crashed_and_the_run_goes_on(monkeypatch,
     with ray:
         done = list(ray.run(jobs(2)))
     assert sorted((job.index, outcome.status) for job, outcome, _ in done) == [(0, "CRASHED"), (1, "PASSED")]
-    (crashed,) = [outcome for job, outcome, _ in done if job.index == 0]
+    ((crashed, environment),) = [(outcome, environment) for job, outcome, environment in done if job.index == 0]
     assert crashed.message.startswith(reason) and "\n" not in crashed.message
+    assert environment == {TASK_DIED_KEY: True}  # Ray may have killed it for another's worker: --resume runs it again
     assert sorted(fake.submitted) == [(0, "cpu"), (0, "cpu"), (1, "cpu")]
 
 

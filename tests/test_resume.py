@@ -12,7 +12,7 @@ from flashbench import Repo
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
 from flashbench.run.protocol import Failed, FailureStatus
 from flashbench.run.recorder import TRACE_FILE_CHANGED, rejected_for_a_changed_file
-from flashbench.run.resume import JUDGE_VERSION, settled
+from flashbench.run.resume import JUDGE_VERSION, TASK_DIED_KEY, settled
 from trace_factory import EVENTS, make_trace
 
 DEFINITION = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -60,6 +60,14 @@ def test_the_judges_rejection_for_a_changed_trace_file_runs_again():
     assert settled(rejected.model_copy(update={"isolation": "process"}))
     # the message alone is words a worker can send (a solution raising it bought itself another try)
     assert settled(trace("REJECTED", TRACE_FILE_CHANGED).model_copy(update={"isolation": "namespaces"}))
+
+
+def test_a_pair_whose_judges_ray_task_died_runs_again():
+    """Ray's memory monitor may kill the judge's task for another task's worker: that CRASHED is no verdict on the
+    solution. The mark is in the environment, which only the judge writes."""
+    crashed = trace("CRASHED", "the judge's Ray task died: killed (2 times)")
+    assert settled(crashed)
+    assert not settled(crashed.model_copy(update={"environment": {**crashed.environment, TASK_DIED_KEY: True}}))
 
 
 def test_a_missing_dependency_runs_again():

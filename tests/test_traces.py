@@ -232,8 +232,9 @@ def test_a_trace_file_that_is_a_link_a_fifo_or_under_a_link_out_is_refused_at_on
     (traces / "cpu" / "x.jsonl").symlink_to(victim)
     os.mkfifo(traces / "cpu" / "y.jsonl")
     (traces / "elsewhere").symlink_to(tmp_path)
+    (traces / "inside").symlink_to(traces / "cpu")  # read_traces reads nothing there: no record is written there
     for name, why in (("cpu/x.jsonl", "it is a link"), ("cpu/y.jsonl", "not a plain file"),
-                      ("elsewhere/z.jsonl", "leads out of")):
+                      ("elsewhere/z.jsonl", "leads out of"), ("inside/z.jsonl", "its folder is a link")):
         with pytest.raises(FlashbenchError, match=why) as refused:
             check_writable(traces / name, traces)
         assert "\n" not in str(refused.value)

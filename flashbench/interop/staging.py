@@ -100,19 +100,30 @@ def open_folders(root: Path, relative: Path, held: contextlib.ExitStack,
     held.callback(os.close, folder)
     for depth, name in enumerate(relative.parts, 1):
         try:
-            below = os.open(name, NO_LINK_FOLDER, dir_fd=folder)
-        except FileNotFoundError:
-            if made is None:
-                return None
-            os.mkdir(name, dir_fd=folder)
-            made.append((folder, name))
-            below = os.open(name, NO_LINK_FOLDER, dir_fd=folder)
+            below = _open_or_make(folder, name, made)
         except NotADirectoryError:  # a link too: O_NOFOLLOW with O_DIRECTORY
             raise FlashbenchError("a link or a file where a folder should be; nothing is placed through it",
                                   root.joinpath(*relative.parts[:depth])) from None
+        except OSError as exc:  # no access, a read-only file system, a folder made beside us meanwhile
+            raise FlashbenchError(f"cannot open or make this folder: {exc.strerror}",
+                                  root.joinpath(*relative.parts[:depth])) from None
+        if below is None:
+            return None
         held.callback(os.close, below)
         folder = below
     return folder
+
+
+def _open_or_make(folder: int, name: str, made: list[tuple[int, str]] | None) -> int | None:
+    """The folder `name` in `folder` opened without following a link; missing: made where `made` is given, else None."""
+    try:
+        return os.open(name, NO_LINK_FOLDER, dir_fd=folder)
+    except FileNotFoundError:
+        if made is None:
+            return None
+    os.mkdir(name, dir_fd=folder)
+    made.append((folder, name))
+    return os.open(name, NO_LINK_FOLDER, dir_fd=folder)
 
 
 @dataclass

@@ -248,6 +248,14 @@ def install_solution(repo: Repo, folder: Path, ran_hash: str | None = None) -> P
     _check_no_case_twin(target, loaded.path / "solution.yaml", "name")
     for source in loaded.folders:
         _check_no_refused_link(source, loaded.path / "solution.yaml")
+    if target.exists():  # before anything is copied: nothing is installed beside a folder left as it is
+        held, now = load_solution_folder(target).content_hash(), loaded.content_hash()
+        if ran_hash is not None and now != ran_hash:
+            raise FlashbenchError(_changed_after_it_ran(ran_hash, now), folder)
+        if held != now:
+            raise FlashbenchError(f"the name {loaded.solution.name!r} is taken by {target}, which holds other code; "
+                                  "not submitted", loaded.path / "solution.yaml", "name")
+        return target
     shared = _shared_to_install(repo, loaded)
     for source, shared_target in shared:
         _copy_into(source, shared_target, documentation=True)
@@ -256,19 +264,22 @@ def install_solution(repo: Repo, folder: Path, ran_hash: str | None = None) -> P
         shutil.rmtree(incoming)
     _copy_into(folder, incoming, documentation=True)
     installed_hash = load_solution_folder(incoming).content_hash()
-    if ran_hash is not None and installed_hash != ran_hash:
-        for path in [incoming, *(shared_target for _, shared_target in shared)]:
+    try:
+        if ran_hash is not None and installed_hash != ran_hash:
+            raise FlashbenchError(_changed_after_it_ran(ran_hash, installed_hash), folder)
+        try:
+            incoming.rename(target)  # fails where a folder of that name appeared meanwhile
+        except OSError as exc:
+            raise FlashbenchError(f"cannot install it as {target}: {exc.strerror}; not submitted", folder) from None
+    except FlashbenchError:
+        for path in [incoming, *(shared_target for _, shared_target in shared)]:  # nothing installed by halves
             shutil.rmtree(path)
-        raise FlashbenchError(f"its files changed after they ran ({ran_hash} ran, {installed_hash} now): "
-                              "not submitted", folder)
-    if target.exists():
-        shutil.rmtree(incoming)
-        if load_solution_folder(target).content_hash() != installed_hash:
-            raise FlashbenchError(f"the name {loaded.solution.name!r} is taken by {target}, which holds other code; "
-                                  "not submitted", loaded.path / "solution.yaml", "name")
-        return target
-    incoming.rename(target)
+        raise
     return target
+
+
+def _changed_after_it_ran(ran_hash: str, now: str) -> str:
+    return f"its files changed after they ran ({ran_hash} ran, {now} now): not submitted"
 
 
 def _check_no_refused_link(folder: Path, manifest: Path) -> None:

@@ -10,7 +10,7 @@ A task whose device fails (the task says so, before any solution code runs on it
 job whose device fails twice ends the run. A task that dies or answers nothing readable once solution code
 may have run is submitted again too, and a job whose task dies twice is CRASHED: the solution may have
 caused it (a worker filling the node's memory made Ray's monitor kill the judge's task), so it ends that
-pair, not the run. Paths (solution folders, the build cache, workload files) are the driver's: the
+pair, not the run; the monitor may have picked it for another task's worker, so `--resume` runs it again. Paths (solution folders, the build cache, workload files) are the driver's: the
 workers must see the same file system.
 """
 
@@ -24,6 +24,7 @@ from ..registry import use_root
 from .jobs import DeviceUnusable, JobJudge, JudgeConfig
 from .plan import Job
 from .pool import lane_cpus
+from .resume import TASK_DIED_KEY
 from .session import JobOutcome
 
 TRIES = 2  # tasks a job gets when its device fails
@@ -117,7 +118,7 @@ class RayBackend:
                 if tries < TRIES:
                     self._submit(job, tries + 1)
                 else:
-                    yield job, JobOutcome(status="CRASHED", message=f"{died} ({tries} times)"), {}
+                    yield job, JobOutcome(status="CRASHED", message=f"{died} ({tries} times)"), {TASK_DIED_KEY: True}
                 continue
             if answer.device_error:
                 self._again(job, tries, answer.device_error)

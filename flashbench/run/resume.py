@@ -11,6 +11,9 @@ from .recorder import CHANGED_FILE_KEY
 from .sandbox import ISOLATION_LEVELS
 
 RUN_AGAIN = "MISSING_DEPENDENCY"
+# In the environment of a pair whose judge's Ray task died twice (CRASHED): Ray's memory monitor may have killed it
+# for another task's worker, so the pair is no verdict on its solution, and --resume runs it again.
+TASK_DIED_KEY = "judge_task_died"
 # Raised whenever a change to the judge (how inputs are drawn and redrawn, what is checked, how the sandbox holds a
 # worker) could turn a verdict: every trace the judge writes records it (`environment["judge"]`), and --resume runs
 # again a record of another, whatever its status. Without it a PASSED that a since-fixed hole let through, or a
@@ -40,6 +43,8 @@ def settled(trace: Trace, isolation: str | None = None, timing: dict | None = No
     changed the trace file, where that cannot have been its worker (level namespaces hides the trace directory;
     at level process a worker could write it, and so buy itself another try)."""
     if trace.status == RUN_AGAIN or trace.environment.get("judge") != JUDGE_VERSION:
+        return False
+    if trace.environment.get(TASK_DIED_KEY) is True:
         return False
     if trace.status == "TIMEOUT" and timeout is not None and not _at_least(trace.environment.get(TIMEOUT_KEY), timeout):
         return False

@@ -225,7 +225,10 @@ def read_file(folder: Path, relative: str) -> bytes:
     """The plain file at `relative` in `folder`: each name below `folder` opened from its parent's descriptor without
     following a link, so no folder swapped for a link leads the judge out. Unlike walk_folder, a link to a file
     inside the folder is refused, not followed."""
-    *folders, name = PurePosixPath(relative).parts
+    parts = PurePosixPath(relative).parts
+    if not parts or relative.startswith("/") or any(part in (".", "..") for part in parts):  # `..` is no link
+        raise FolderError(f"{_shown(relative)} is no path inside the folder")
+    *folders, name = parts
     try:  # `folder` is the caller's path, resolved as walk_folder resolves its root
         with _below(None, [os.path.realpath(folder), *folders]) as directory:
             return _read_at(directory, name, relative)

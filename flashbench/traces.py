@@ -54,6 +54,8 @@ def check_writable(path: Path, trace_dir: Path) -> None:
         raise FlashbenchError(f"cannot write traces: its folder leads out of {trace_dir} through a link", path)
     if path.parent.is_symlink():  # read_traces reads no file there: records written through it would be lost
         raise FlashbenchError("cannot write traces: its folder is a link", path)
+    if Path(trace_dir).is_symlink():  # a committed `traces` link led a run's records out of the repository
+        raise FlashbenchError("cannot write traces: the trace directory is a link; give its real path", trace_dir)
     os.close(_open_for_append(path))
 
 

@@ -147,6 +147,14 @@ def test_a_link_to_a_file_inside_is_that_file_and_a_link_to_a_folder_is_refused(
     assert folder_problem(folder, solution()).endswith("/sub, which is not a file")
 
 
+@pytest.mark.parametrize("relative", ["sub/../../outside.py", "../outside.py", "/etc/passwd", ""])
+def test_read_file_reads_no_path_that_leaves_the_folder(folder, relative):
+    """`..` is no link: opened name by name without following one, it still climbed out of the folder."""
+    (folder.parent / "outside.py").write_text("SECRET\n")
+    with pytest.raises(FolderError, match="is no path inside the folder"):
+        read_file(folder, relative)
+
+
 def test_read_file_follows_no_link_and_opens_no_fifo(folder):
     (folder / "alias.py").symlink_to("kernel.py")
     os.mkfifo(folder / "pipe")

@@ -241,6 +241,9 @@ def test_a_trace_file_that_is_a_link_a_fifo_or_under_a_link_out_is_refused_at_on
     with pytest.raises(FlashbenchError, match="it is a link"):
         append_trace(traces / "cpu" / "x.jsonl", make_trace(0))
     assert victim.read_text() == "important line\n"
+    (tmp_path / "committed").symlink_to(traces)  # a repository's `traces` committed as a link: records left it
+    with pytest.raises(FlashbenchError, match="the trace directory is a link"):
+        check_writable(tmp_path / "committed" / "cpu" / "w.jsonl", tmp_path / "committed")
 
 
 def test_check_writable_refuses_an_unwritable_directory(tmp_path):

@@ -9,9 +9,8 @@ from pathlib import Path
 import torch
 
 from .environment import describe_environment, hardware_name
-from .errors import FlashbenchError
 from .model import Calibration, load_model
-from .traces import hardware_slug, sole_writer
+from .traces import hardware_slug, refuse_linked_folder, sole_writer
 
 CALIBRATION_FILE = "calibration.json"
 
@@ -26,8 +25,7 @@ def load_calibration(trace_dir: Path, hardware: str) -> Calibration | None:
     path = calibration_path(trace_dir, hardware)
     if not os.path.lexists(path):
         return None
-    if path.parent.is_symlink():
-        raise FlashbenchError("cannot read: its folder is a link", path)
+    refuse_linked_folder(path)
     return load_model(Calibration, path)
 
 

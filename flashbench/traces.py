@@ -180,14 +180,19 @@ def append_trace(path: Path, trace: Trace) -> None:
         os.close(fd)
 
 
+def refuse_linked_folder(path: Path) -> None:
+    """A file boards read lies in a folder that is no link: a hardware folder linked out led them anywhere."""
+    if path.parent.is_symlink():
+        raise FlashbenchError("cannot read: its folder is a link", path)
+
+
 def read_traces(path: Path) -> list[Trace]:
     """Every valid record; torn or invalid lines are reported on stderr and skipped. A trace file is read only as
     a plain file of at most MAX_TRACE_FILE_BYTES in a folder that is no link (a trace directory may come from
     anyone): anything else is one line on stderr, and no records."""
     path = Path(path)
     try:
-        if path.parent.is_symlink():
-            raise FlashbenchError("cannot read: its folder is a link", path)
+        refuse_linked_folder(path)
         handle = open_plain(path)
     except FileNotFoundError:
         return []

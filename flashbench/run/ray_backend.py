@@ -10,8 +10,9 @@ A task whose device fails (the task says so, before any solution code runs on it
 job whose device fails twice ends the run. A task that dies or answers nothing readable once solution code
 may have run is submitted again too, and a job whose task dies twice is CRASHED: the solution may have
 caused it (a worker filling the node's memory made Ray's monitor kill the judge's task), so it ends that
-pair, not the run; the monitor may have picked it for another task's worker, so `--resume` runs it again. Paths (solution folders, the build cache, workload files) are the driver's: the
-workers must see the same file system.
+pair, not the run; the monitor may have picked it for another task's worker, so `--resume` runs it again.
+Paths (solution folders, the build cache, workload files) are the driver's: the workers must see the same
+file system.
 """
 
 import signal
@@ -27,7 +28,7 @@ from .pool import lane_cpus
 from .resume import TASK_DIED_KEY
 from .session import JobOutcome
 
-TRIES = 2  # tasks a job gets when its device fails
+TRIES = 2  # tasks a job gets when its device fails or its task dies
 
 
 class TaskAnswer(BaseModel):

@@ -41,7 +41,7 @@ def prefill(seed=0, **fields):
 
 def decode(seed=0, **fields):
     spec = SparseDecodeIndices(generator="sparse_decode_indices", **{"topk": 16, **fields})
-    return GENERATORS["sparse_decode_indices"](spec, np.random.default_rng(seed))
+    return GENERATORS["sparse_decode_indices"](spec, np.random.default_rng(seed), np.random.default_rng(seed + 1))
 
 
 def test_random_subsets_are_distinct_visible_positions_then_minus_one():
@@ -101,7 +101,8 @@ def test_decode_indices_point_into_each_requests_blocks_and_nan_tokens_are_never
 
 def test_packed_fp8_cache_is_the_quantize_reference_of_the_bfloat16_one():
     spec = dict(generator="fp8_kv_cache", num_blocks=3, values=KVCacheValues(spread=12, boundary_tiles=0.2, zero_tokens=0.1))
-    (plain, _), (packed, axes) = (GENERATORS["fp8_kv_cache"](FP8KVCache(**spec, packed=p), np.random.default_rng(7))
+    (plain, _), (packed, axes) = (GENERATORS["fp8_kv_cache"](FP8KVCache(**spec, packed=p), np.random.default_rng(0),
+                                                                     np.random.default_rng(7))
                                   for p in (False, True))
     path = ROOT / "references" / "flashmla_sparse" / "flashmla_sparse_fp8_quantize_ckv512_kpe64_ps64.py"
     module_spec = importlib.util.spec_from_file_location("quantize_reference", path)

@@ -364,7 +364,9 @@ def edit_workloads(root, name, edit):
         **d["workloads"][1]["inputs"],
         "kv_indptr": {"type": "safetensors", "path": "garbage.safetensors", "tensor_key": "x"}}),
      "cannot be read as safetensors"),
-    (lambda d: d["workloads"][1]["generate"][0].update(page_pool=10 ** 12), "does not fit in memory here"),
+    (lambda d: d["workloads"][1]["generate"][0].update(kv_lens={"distribution": "fixed", "count": 10 ** 12,
+                                                                "value": 1}), "does not fit in memory here"),
+    (lambda d: d["workloads"][1]["generate"][0].update(page_pool=10 ** 12), "less than or equal to 2147483648"),
 ])
 def test_validate_reports_bad_workloads(root, edit, message):
     (root / "definitions" / "mla_paged" / "garbage.safetensors").write_bytes(b"\xff" * 64)
@@ -618,7 +620,7 @@ def captured_set(root: Path, name: str, workloads: list[Workload], corrupt=None)
     definition, path = repo.definition(name), repo.workloads_path(name)
     records = []
     for i, workload in enumerate(workloads):
-        made, axes = structured_inputs(workload, "meta")
+        made, axes = structured_inputs(workload, "cpu", seed=0)
         tensors = {key: value for key, value in made.items() if not value.is_floating_point()}
         if corrupt:
             corrupt(tensors)
@@ -728,6 +730,25 @@ def test_validate_refuses_a_workload_one_input_set_of_which_no_gpu_could_hold(ro
     assert len(checked.errors) == 1 and "\n" not in checked.errors[0] and set(devices) == {"meta"}
     assert re.search(r"\(large_pool\): a job of one input set \(the judge's copies too\) needs [\d,]+ bytes .*more "
                      r"than the 6,291,456 a job may take of any GPU$", checked.errors[0])
+
+
+# A dequantize workload of a 2^16-block packed FP8 cache: 2.75 GB of generated data.
+LARGE_FP8_CACHE = {"uuid": "dddddddd-0002-4000-8000-000000000002", "name": "large_fp8_cache",
+                   "generate": [{"generator": "fp8_kv_cache", "num_blocks": 1 << 16, "block_size": 64, "packed": True}]}
+
+
+def test_a_generated_cache_is_told_from_its_shape_not_drawn_to_check_it(repo, monkeypatch):
+    """The memory check drew a generator's data (an FP8 cache of 2^16 blocks: 5 GB at its peak) on the host before
+    refusing it, and `validate` did the same to every workload it checked. A generator's data is shapes only there:
+    the refusal names the cache's bytes, and nothing of it is drawn."""
+    name = "flashmla_sparse_fp8_dequantize_ckv512_kpe64_ps64"
+    drawn = []
+    for maker in ("mla_cache_tokens", "fresh_mla_fp8_tokens"):
+        monkeypatch.setattr(f"flashbench.workloads.generators.{maker}", lambda *args, **kw: drawn.append(args))
+    monkeypatch.setattr("flashbench.workloads.job_memory_budget", lambda *device: 1 << 30)
+    with pytest.raises(FlashbenchError, match=rf"workload large_fp8_cache: .* \({(1 << 16) * 64 * 656:,} of inputs"):
+        refuse_invalid_workloads(repo, repo.definition(name), [Workload.model_validate(LARGE_FP8_CACHE)], "cuda:0")
+    assert drawn == []
 
 
 SPARSE_DECODE = "flashmla_sparse_decode_fp8_sink_h64_ckv512_kpe64_ps64_topk2048"

@@ -6,6 +6,10 @@ from pydantic import Field, model_validator
 
 from .definition import FOLDER_NAME_OR_NONE, Strict
 
+# Generated ids (pages, blocks) are int32: a pool past this could not be indexed, and drawing its order
+# alone would take tens of GB before anything refused it.
+ID_LIMIT = 2**31
+
 
 class RandomInput(Strict):
     """Seeded random tensor of the declared shape and dtype."""
@@ -70,7 +74,7 @@ class PagedKV(Strict):
     kv_lens: Lengths | None = Field(None, description="decode: KV length per request")
     q_lens: Lengths | None = Field(None, description="prefill: query length per request")
     prefix_lens: Lengths | None = Field(None, description="prefill: cached prefix per request (default 0)")
-    page_pool: int | None = Field(None, gt=0, description="pages in the cache (default: just enough)")
+    page_pool: int | None = Field(None, gt=0, le=ID_LIMIT, description="pages in the cache (default: just enough)")
 
     @model_validator(mode="after")
     def _one_mode(self):
@@ -91,7 +95,7 @@ class BlockTable(Strict):
     generator: Literal["block_table"]
     seqlens: Lengths = Field(description="tokens in the cache per request")
     block_size: int = Field(64, gt=0, description="tokens per block (the definition's page_block_size)")
-    block_pool: int | None = Field(None, gt=0, description="blocks in the cache (default: just enough)")
+    block_pool: int | None = Field(None, gt=0, le=ID_LIMIT, description="blocks in the cache (default: just enough)")
     max_blocks_per_seq: int | None = Field(None, gt=0, description="table width (default: the longest request's blocks)")
     unused: int = Field(-1, description="value of table slots past a request's last block")
 
@@ -156,7 +160,7 @@ class SparseDecodeIndices(Strict):
     seq_len_q: int = Field(1, gt=0, description="query tokens per request (1, or 2 with an MTP draft token)")
     topk: int = Field(gt=0, description="entries per query token: the definition's topk")
     block_size: int = Field(64, gt=0, description="tokens per cache block")
-    block_pool: int | None = Field(None, gt=0, description="blocks in the cache (default: just enough)")
+    block_pool: int | None = Field(None, gt=0, le=ID_LIMIT, description="blocks in the cache (default: just enough)")
     scatter: bool = Field(False, description="interleave the -1 entries with valid ones instead of trailing them")
     empty_queries: int = Field(0, ge=0, description="query tokens, picked at random, with no valid entry at all")
     fp8_cache: KVCacheValues | None = Field(None, description="also make k_cache, the FP8 pool, with these contents")
@@ -168,7 +172,7 @@ class FP8KVCache(Strict):
     (int8 bytes)."""
 
     generator: Literal["fp8_kv_cache"]
-    num_blocks: int = Field(gt=0)
+    num_blocks: int = Field(gt=0, le=ID_LIMIT)
     block_size: int = Field(64, gt=0)
     packed: bool = Field(False, description="emit the FP8 bytes (kv_cache_fp8) instead of the bfloat16 cache (kv_cache)")
     values: KVCacheValues = KVCacheValues()

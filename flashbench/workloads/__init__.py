@@ -295,9 +295,10 @@ def structured_inputs(workload: Workload, device: str, seed: int | None = None,
         rng = np.random.default_rng(derive_seed(workload.uuid, "generate", i))
         make = GENERATORS[spec.generator]
         try:
-            if spec.generator in DATA_OUTPUTS:
-                data_rng = np.random.default_rng(derive_seed(seed, workload.uuid, "generate", i, "data"))
-                tensors, generated_axes = make(spec, rng, data_rng=data_rng)
+            if spec.generator in DATA_OUTPUTS:  # on "meta", shapes only: no data drawn
+                data_rng = None if device == "meta" else \
+                    np.random.default_rng(derive_seed(seed, workload.uuid, "generate", i, "data"))
+                tensors, generated_axes = make(spec, rng, data_rng)
             else:
                 tensors, generated_axes = make(spec, rng)
         except ValueError as exc:
@@ -308,7 +309,7 @@ def structured_inputs(workload: Workload, device: str, seed: int | None = None,
                                    f"but the definition fixes it at {const_axes[axis]}")
         # On "meta" (shape-only checks) index tensors keep their data on the CPU for the constraints.
         target = "cpu" if device == "meta" else device
-        inputs.update({k: v.to(target) for k, v in tensors.items()})
+        inputs.update({k: v if v.is_meta else v.to(target) for k, v in tensors.items()})
         axes.update(generated_axes)
     return inputs, axes
 

@@ -8,7 +8,8 @@ Index structure (lengths, page tables, index sets) comes from that generator, se
 workload alone: every run and every solution sees the same structure. Data (values a solution
 computes with, e.g. an FP8 KV cache) must not be public nor fixed: a generator that makes data
 registers with @register("name", data=describe), takes a second generator `data_rng` (seeded by the
-input set's secret seed; without it, the structure's generator goes on), and `describe(spec, rng)`
+input set's secret seed; None for shapes only: its data outputs are made on "meta", nothing drawn, so that
+checking a workload costs its index structure, not its data), and `describe(spec, rng)`
 says which of its outputs are data and how a call redraws a window of each (GeneratedData),
 recomputing from the structure's generator whatever the window needs (which rows carry data).
 
@@ -82,6 +83,11 @@ def register(name: str, data: DescribeData | None = None, rules: tuple[IndexRule
         INDEX_RULES.extend(rules)
         return func
     return add
+
+
+def shape_only(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A data output when no data is drawn (data_rng None): its shape and dtype, on "meta"."""
+    return torch.empty(shape, dtype=dtype, device="meta")
 
 
 def _refuse_first(name: str, values: np.ndarray, bad: np.ndarray, why: str) -> None:
@@ -457,6 +463,8 @@ def _decode_layout(spec: SparseDecodeIndices, rng: np.random.Generator) -> dict:
     pool = spec.block_pool or max(needed, 1)
     if pool < needed:
         raise ValueError(f"block_pool {pool} is smaller than the {needed} blocks the requests need")
+    if pool * size > INT32_MAX + 1:
+        raise ValueError(f"{pool} blocks of {size} tokens are more cache tokens than int32 indices reach")
     # Real caches hand out blocks in no particular order: a random permutation of the pool.
     block_ids = rng.permutation(pool)[:needed].astype(np.int64)
     first_block = np.concatenate([[0], np.cumsum(blocks)[:-1]]).astype(np.int64)
@@ -498,12 +506,14 @@ def check_decode_indices(arrays: dict[str, np.ndarray], axes: dict[str, int]) ->
 @register("sparse_decode_indices", data=sparse_decode_data,
           rules=(IndexRule({"indices": 3}, ("num_blocks", "page_block_size"), check_decode_indices),))
 def sparse_decode_indices(spec: SparseDecodeIndices, rng: np.random.Generator,
-                          data_rng: np.random.Generator | None = None) -> GeneratedInputs:
+                          data_rng: np.random.Generator | None) -> GeneratedInputs:
     layout = _decode_layout(spec, rng)
     pool, batch_size, size = layout["pool"], layout["batch_size"], spec.block_size
     tensors = {"indices": torch.from_numpy(layout["indices"].astype(np.int32))}
-    if spec.fp8_cache is not None:
-        packed = mla_fp8_cache(spec.fp8_cache, pool, size, rng if data_rng is None else data_rng)
+    if spec.fp8_cache is not None and data_rng is None:
+        tensors["k_cache"] = shape_only([pool, size, 1, MLA_FP8_BYTES], torch.int8)
+    elif spec.fp8_cache is not None:
+        packed = mla_fp8_cache(spec.fp8_cache, pool, size, data_rng)
         flat = packed.view(pool * size, -1)
         flat[torch.from_numpy(~layout["used"])] = _nan_token_bytes(flat.shape[-1])  # never reached by a valid index
         tensors["k_cache"] = packed
@@ -519,10 +529,14 @@ def fp8_kv_cache_data(spec: FP8KVCache, rng: np.random.Generator) -> dict[str, G
 
 
 @register("fp8_kv_cache", data=fp8_kv_cache_data)
-def fp8_kv_cache(spec: FP8KVCache, rng: np.random.Generator, data_rng: np.random.Generator | None = None) -> GeneratedInputs:
-    rng = rng if data_rng is None else data_rng  # no structure: all of it is data
+def fp8_kv_cache(spec: FP8KVCache, rng: np.random.Generator, data_rng: np.random.Generator | None) -> GeneratedInputs:
+    """No structure: all of it is data, drawn from `data_rng` alone."""
     axes = {"num_blocks": spec.num_blocks, "page_block_size": spec.block_size}
+    name, width, dtype = ("kv_cache_fp8", MLA_FP8_BYTES, torch.int8) if spec.packed else \
+        ("kv_cache", MLA_HEAD_DIM, torch.bfloat16)
+    if data_rng is None:
+        return {name: shape_only([spec.num_blocks, spec.block_size, 1, width], dtype)}, axes
     if spec.packed:
-        return {"kv_cache_fp8": mla_fp8_cache(spec.values, spec.num_blocks, spec.block_size, rng)}, axes
-    tokens, slots = mla_cache_tokens(spec.values, spec.num_blocks * spec.block_size, rng)
-    return {"kv_cache": tokens[slots].reshape(spec.num_blocks, spec.block_size, 1, MLA_HEAD_DIM)}, axes
+        return {name: mla_fp8_cache(spec.values, spec.num_blocks, spec.block_size, data_rng)}, axes
+    tokens, slots = mla_cache_tokens(spec.values, spec.num_blocks * spec.block_size, data_rng)
+    return {name: tokens[slots].reshape(spec.num_blocks, spec.block_size, 1, width)}, axes

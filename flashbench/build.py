@@ -120,45 +120,57 @@ def walk_folder(folder: Path) -> Iterator[tuple[str, bytes | None, str | None]]:
                 raise FolderError(f"the solution folder's files are over the {MAX_TOTAL_BYTES >> 20} MiB they may have")
             yield relative, data, None
         for name, info in reversed(folders):  # the last first, as the walk by a stack of paths went
-            below = _open_folder(name, directory, info, Path(folder, prefix, name))
-            try:
+            # listed, walked and closed one at a time: open descriptors never pass the depth of the folder
+            with contextlib.ExitStack() as held:
+                below = _open_folder(name, directory, info, Path(folder, prefix, name), held)
                 yield from walk(below, f"{prefix}{name}/")
-            finally:  # listed, walked and closed one at a time: open descriptors never pass the depth of the folder
-                os.close(below)
 
-    top = _open_folder(root, None, None, Path(folder))  # the root's path is the caller's: what lies below is not
-    try:
+    with contextlib.ExitStack() as held:  # the root's path is the caller's: what lies below is not
+        top = _open_folder(root, None, None, Path(folder), held)
         yield from walk(top, "")
-    finally:
-        os.close(top)
 
 
-def _open_folder(name: str | Path, directory: int | None, seen: os.stat_result | None, path: Path) -> int:
-    """A descriptor of the folder `name` in the folder open as `directory`, opened without following a link; where
-    the walk has lstat'ed it (`seen`), only while it is the folder seen."""
+def _open_folder(name: str | Path, directory: int | None, seen: os.stat_result | None, path: Path,
+                 held: contextlib.ExitStack) -> int:
+    """A descriptor (closed by `held`) of the folder `name` in the folder open as `directory`, opened without
+    following a link; where the walk has lstat'ed it (`seen`), only while it is the folder seen."""
     try:
-        descriptor = os.open(name, NO_LINK_FOLDER, dir_fd=directory)
+        descriptor = open_below(directory, [name], held)
     except OSError as exc:  # a link or a file now, too
         raise FolderError(f"{_shown(path)} cannot be listed: {exc.strerror}") from None
     info = os.fstat(descriptor)
     if seen is not None and (info.st_dev, info.st_ino) != (seen.st_dev, seen.st_ino):
-        os.close(descriptor)
         raise FolderError(f"{_shown(path)} was replaced while the folder was read")
     return descriptor
 
 
-@contextlib.contextmanager
-def _below(directory: int | None, names: Sequence[str | Path]) -> Iterator[int]:
-    """A descriptor of the folder `names` lead to from the one open as `directory`, each opened from the one before
-    it without following a link; all closed on leaving. No names: `directory` itself."""
-    opened = []
+def open_below(directory: int | None, names: Sequence[str | Path], held: contextlib.ExitStack,
+               made: list[tuple[int, str]] | None = None) -> int:
+    """A descriptor of the folder `names` lead to from the one open as `directory` (None: the working directory),
+    each opened from the one before it without following a link. No names: `directory` itself. Where `made` is
+    given, a missing folder is made and listed there as (its folder's descriptor, its name), for an undo: so every
+    descriptor opened is closed by `held`, not here, even when one fails. An OSError's filename is the path of
+    `names` up to the one refused, for the caller's message."""
+    for depth, name in enumerate(names, 1):
+        try:
+            directory = _open_or_make(directory, name, made)
+        except OSError as exc:
+            exc.filename = os.path.join(*names[:depth])
+            raise
+        held.callback(os.close, directory)
+    return directory
+
+
+def _open_or_make(directory: int | None, name: str | Path, made: list[tuple[int, str]] | None) -> int:
+    """The folder `name` in `directory` opened without following a link; missing: made where `made` is given."""
     try:
-        for name in names:
-            opened.append(os.open(name, NO_LINK_FOLDER, dir_fd=opened[-1] if opened else directory))
-        yield opened[-1] if opened else directory
-    finally:
-        for descriptor in opened:
-            os.close(descriptor)
+        return os.open(name, NO_LINK_FOLDER, dir_fd=directory)
+    except FileNotFoundError:
+        if made is None:
+            raise
+    os.mkdir(name, dir_fd=directory)
+    made.append((directory, name))
+    return os.open(name, NO_LINK_FOLDER, dir_fd=directory)
 
 
 # A folder's own git repository (a `core.fsmonitor` in its config ran a command of the submitter's as whoever
@@ -191,7 +203,8 @@ def _follow_link(top: int, root: Path, link: Path, relative: str) -> tuple[bytes
         if not target.is_relative_to(root):
             return None, f"{relative} is a link to {_shown(target)}, outside the solution folder"
         *folders, name = target.relative_to(root).parts or (".",)  # "." for the folder itself
-        with _below(top, folders) as directory:
+        with contextlib.ExitStack() as held:
+            directory = open_below(top, folders, held)
             info = os.stat(name, dir_fd=directory, follow_symlinks=False)
             if stat.S_ISLNK(info.st_mode):  # a loop realpath left unresolved
                 return None, f"{relative} is a link that leads nowhere ({os.strerror(errno.ELOOP)})"
@@ -230,8 +243,8 @@ def read_file(folder: Path, relative: str) -> bytes:
         raise FolderError(f"{_shown(relative)} is no path inside the folder")
     *folders, name = parts
     try:  # `folder` is the caller's path, resolved as walk_folder resolves its root
-        with _below(None, [os.path.realpath(folder), *folders]) as directory:
-            return _read_at(directory, name, relative)
+        with contextlib.ExitStack() as held:
+            return _read_at(open_below(None, [os.path.realpath(folder), *folders], held), name, relative)
     except OSError as exc:
         raise FolderError(f"{_shown(relative)} cannot be read: {exc.strerror}") from None
 

@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..build import NO_LINK_FOLDER
+from ..build import open_below
 from ..errors import FlashbenchError
 
 
@@ -94,36 +94,19 @@ class Staging:
 def open_folders(root: Path, relative: Path, held: contextlib.ExitStack,
                  made: list[tuple[int, str]] | None = None) -> int | None:
     """A descriptor (closed by `held`) of the folder `relative` of `root`, each folder on the way opened from the one
-    above it without following a link; a missing one is made where `made` is given (and listed there as (folder's
-    descriptor, name), for an undo), else None. FlashbenchError for a link or a file on the way."""
+    above it without following a link (build.open_below); a missing one is made where `made` is given (and listed
+    there for an undo), else None. FlashbenchError for a link or a file on the way."""
     folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     held.callback(os.close, folder)
-    for depth, name in enumerate(relative.parts, 1):
-        try:
-            below = _open_or_make(folder, name, made)
-        except NotADirectoryError:  # a link too: O_NOFOLLOW with O_DIRECTORY
-            raise FlashbenchError("a link or a file where a folder should be; nothing is placed through it",
-                                  root.joinpath(*relative.parts[:depth])) from None
-        except OSError as exc:  # no access, a read-only file system, a folder made beside us meanwhile
-            raise FlashbenchError(f"cannot open or make this folder: {exc.strerror}",
-                                  root.joinpath(*relative.parts[:depth])) from None
-        if below is None:
-            return None
-        held.callback(os.close, below)
-        folder = below
-    return folder
-
-
-def _open_or_make(folder: int, name: str, made: list[tuple[int, str]] | None) -> int | None:
-    """The folder `name` in `folder` opened without following a link; missing: made where `made` is given, else None."""
     try:
-        return os.open(name, NO_LINK_FOLDER, dir_fd=folder)
-    except FileNotFoundError:
-        if made is None:
+        return open_below(folder, relative.parts, held, made)
+    except NotADirectoryError as exc:  # a link too: O_NOFOLLOW with O_DIRECTORY
+        raise FlashbenchError("a link or a file where a folder should be; nothing is placed through it",
+                              root / exc.filename) from None
+    except OSError as exc:  # no access, a read-only file system, a folder made beside us meanwhile
+        if made is None and isinstance(exc, FileNotFoundError):
             return None
-    os.mkdir(name, dir_fd=folder)
-    made.append((folder, name))
-    return os.open(name, NO_LINK_FOLDER, dir_fd=folder)
+        raise FlashbenchError(f"cannot open or make this folder: {exc.strerror}", root / exc.filename) from None
 
 
 @dataclass

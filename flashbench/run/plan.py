@@ -8,8 +8,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ..build import (CACHE_DIR_NAME, HASH_LENGTH, FolderError, content_hash, is_documentation, walk_folder,
-                     write_whole)
+from ..build import (CACHE_DIR_NAME, HASH_LENGTH, FolderError, content_hash, is_documentation, open_below,
+                     walk_folder, write_whole)
 from ..errors import FlashbenchError
 from ..model import REFERENCE, Definition, Solution, Workload
 from ..model.solution import SHARED_FOLDER
@@ -193,18 +193,20 @@ def _write_new(root: Path, relative: str, data: bytes) -> None:
     file already there. Staging copies several folders into one (a solution's and its shared ones'); a link
     one of them brought, with a file of another under its name, let the runner write that file wherever the
     link led (a .pth in site-packages, run by every later interpreter)."""
-    folder = root
-    for part in PurePosixPath(relative).parts[:-1]:
-        folder = folder / part
-        with contextlib.suppress(FileExistsError):
-            folder.mkdir()
-        if folder.is_symlink() or not folder.is_dir():
-            raise FolderError(f"{relative}: {folder.relative_to(root).as_posix()} is a file in another of its "
-                              "folders; a path may be in one of them only")
-    try:
-        descriptor = os.open(root / relative, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    except FileExistsError:
-        raise FolderError(f"{relative} is in two of its folders; a path may be in one of them only") from None
+    *folders, name = PurePosixPath(relative).parts
+    with contextlib.ExitStack() as held:
+        top = open_below(None, [root], held)  # made by mkdtemp for this staging alone
+        try:
+            folder = open_below(top, folders, held, made=[])
+            descriptor = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder)
+        except NotADirectoryError as exc:  # a link on the way too: O_NOFOLLOW with O_DIRECTORY
+            raise FolderError(f"{relative}: {exc.filename} is a file in another of its folders; a path may be in "
+                              "one of them only") from None
+        except FileExistsError:
+            raise FolderError(f"{relative} is in two of its folders; a path may be in one of them only") from None
+        except OSError as exc:  # a full disk, say: named by its path, for the run's "cannot write the cache"
+            exc.filename = str(root / relative)
+            raise
     with os.fdopen(descriptor, "wb") as file:
         file.write(data)
 

@@ -743,7 +743,7 @@ def test_a_generated_cache_is_told_from_its_shape_not_drawn_to_check_it(repo, mo
     the refusal names the cache's bytes, and nothing of it is drawn."""
     name = "flashmla_sparse_fp8_dequantize_ckv512_kpe64_ps64"
     drawn = []
-    for maker in ("mla_cache_tokens", "fresh_mla_fp8_tokens"):
+    for maker in ("fresh_mla_tokens", "fresh_mla_fp8_tokens"):  # the data's draw
         monkeypatch.setattr(f"flashbench.workloads.generators.{maker}", lambda *args, **kw: drawn.append(args))
     monkeypatch.setattr("flashbench.workloads.job_memory_budget", lambda *device: 1 << 30)
     with pytest.raises(FlashbenchError, match=rf"workload large_fp8_cache: .* \({(1 << 16) * 64 * 656:,} of inputs"):

@@ -24,7 +24,7 @@ from ..dtypes import nbytes, torch_dtype
 from ..errors import shortened
 from ..model import Definition, Workload
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
-from .generators import DATA_OUTPUTS, GENERATORS, INDEX_RULES, GeneratedData, IndexRule, sample_lengths
+from .generators import DATA_OUTPUTS, GENERATORS, INDEX_RULES, DataSource, GeneratedData, IndexRule, sample_lengths
 from .tensors import (DEFAULT_RANDOM, JOB_MEMORY_SHARE, LARGEST_GPU_BYTES, captured_memory_budget, job_bytes,
                       job_memory_budget, random_tensor, refill_random, safetensors_tensor, scalable, scalar_value,
                       symmetric)
@@ -296,9 +296,9 @@ def structured_inputs(workload: Workload, device: str, seed: int | None = None,
         make = GENERATORS[spec.generator]
         try:
             if spec.generator in DATA_OUTPUTS:  # on "meta", shapes only: no data drawn
-                data_rng = None if device == "meta" else \
-                    np.random.default_rng(derive_seed(seed, workload.uuid, "generate", i, "data"))
-                tensors, generated_axes = make(spec, rng, data_rng)
+                data = None if device == "meta" else \
+                    DataSource.seeded(derive_seed(seed, workload.uuid, "generate", i, "data"), device)
+                tensors, generated_axes = make(spec, rng, data)
             else:
                 tensors, generated_axes = make(spec, rng)
         except ValueError as exc:

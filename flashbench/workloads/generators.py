@@ -7,9 +7,10 @@ families register theirs with @register("name").
 Index structure (lengths, page tables, index sets) comes from that generator, seeded by the
 workload alone: every run and every solution sees the same structure. Data (values a solution
 computes with, e.g. an FP8 KV cache) must not be public nor fixed: a generator that makes data
-registers with @register("name", data=describe), takes a second generator `data_rng` (seeded by the
-input set's secret seed; None for shapes only: its data outputs are made on "meta", nothing drawn, so that
-checking a workload costs its index structure, not its data), and `describe(spec, rng)`
+registers with @register("name", data=describe), takes a third argument, a DataSource (a torch generator
+seeded by the input set's secret seed, on the device the inputs are for; None for shapes only: its data
+outputs are made on "meta", nothing drawn, so that checking a workload costs its index structure, not its
+data), and `describe(spec, rng)`
 says which of its outputs are data and how a call redraws a window of each (GeneratedData),
 recomputing from the structure's generator whatever the window needs (which rows carry data).
 
@@ -53,6 +54,19 @@ class GeneratedData:
         return self if self.rows is None else replace(self, rows=self.rows.to(device))
 
 
+@dataclass(frozen=True)
+class DataSource:
+    """Where a generator draws its data: `generator`, seeded by the input set's secret seed, on `device`, where
+    the inputs are made (a cache of 10^5 tokens took seconds a set in numpy on the host)."""
+
+    generator: torch.Generator
+    device: str
+
+    @classmethod
+    def seeded(cls, seed: int, device: str) -> "DataSource":
+        return cls(torch.Generator(device=device).manual_seed(seed), device)
+
+
 DescribeData = Callable[..., dict[str, GeneratedData]]
 DATA_OUTPUTS: dict[str, DescribeData] = {}
 
@@ -86,7 +100,7 @@ def register(name: str, data: DescribeData | None = None, rules: tuple[IndexRule
 
 
 def shape_only(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-    """A data output when no data is drawn (data_rng None): its shape and dtype, on "meta"."""
+    """A data output when no data is drawn (no DataSource): its shape and dtype, on "meta"."""
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
@@ -264,7 +278,6 @@ from ..model.workload import FP8KVCache, KVCacheValues, SparseDecodeIndices, Spa
 FP8_QUANTIZE_REFERENCE = Path("references/flashmla_sparse/flashmla_sparse_fp8_quantize_ckv512_kpe64_ps64.py")
 MLA_HEAD_DIM, MLA_LATENT, MLA_TILE = 576, 512, 128
 MLA_FP8_BYTES = MLA_LATENT + 4 * (MLA_LATENT // MLA_TILE) + 2 * (MLA_HEAD_DIM - MLA_LATENT)  # 656 per packed token
-CODEBOOK_TOKENS = 2048  # distinct token contents in a generated cache
 
 
 @functools.cache
@@ -287,53 +300,23 @@ def fp8_quantize() -> Callable[[torch.Tensor], torch.Tensor]:
     raise ValueError(f"the FP8 quantize reference {FP8_QUANTIZE_REFERENCE} is not in this repository")
 
 
-def mla_cache_tokens(spec: KVCacheValues, num_tokens: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """MLA cache tokens as `spec` describes them, as (distinct [m, 576] bfloat16 tokens, which of
-    them each of the num_tokens cache slots holds). Large caches draw their slots from at most
-    CODEBOOK_TOKENS distinct tokens, so that making them stays cheap; quantisation works token by
-    token, so quantising the distinct tokens and then gathering equals quantising the cache."""
-    distinct = max(min(num_tokens, CODEBOOK_TOKENS), 1)
-    values = rng.standard_normal((distinct, MLA_HEAD_DIM), dtype=np.float32)
-    tiles = values[:, :MLA_LATENT].reshape(distinct, MLA_LATENT // MLA_TILE, MLA_TILE)  # a view
-    half = spec.spread / 2
-    tiles *= np.exp2(rng.uniform(-half, half, size=(*tiles.shape[:2], 1))).astype(np.float32)
-    if spec.boundary_tiles > 0:
-        token, tile = np.nonzero(rng.random(tiles.shape[:2]) < spec.boundary_tiles)
-        chosen = tiles[token, tile]  # [n, 128]
-        largest = np.abs(chosen).argmax(axis=-1)
-        peak = chosen[np.arange(len(largest)), largest]
-        # the next 448 * 2^k at or above the tile's largest |value|: its scale is exactly 2^k
-        bound = 448.0 * np.exp2(np.ceil(np.log2(np.maximum(np.abs(peak), 1e-30) / 448.0)))
-        tiles[token, tile, largest] = np.where(peak < 0, -bound, bound).astype(np.float32)
-    if spec.zero_tokens > 0:
-        values[rng.random(distinct) < spec.zero_tokens] = 0.0
-    slots = np.arange(num_tokens) if distinct == num_tokens else rng.integers(0, distinct, size=num_tokens)
-    return torch.from_numpy(values).to(torch.bfloat16), torch.from_numpy(slots)
-
-
-def mla_fp8_cache(spec: KVCacheValues, num_blocks: int, block_size: int, rng: np.random.Generator) -> torch.Tensor:
-    """A packed FP8 cache [num_blocks, block_size, 1, 656] (int8 bytes) made by the quantize reference."""
-    tokens, slots = mla_cache_tokens(spec, num_blocks * block_size, rng)
-    packed = fp8_quantize()(tokens.reshape(-1, 1, 1, MLA_HEAD_DIM)).reshape(len(tokens), -1)
-    return packed[slots].reshape(num_blocks, block_size, 1, -1)
-
-
-# Redrawn windows (GeneratedData.fresh): fresh tokens drawn as mla_cache_tokens draws them, in torch on
-# the inputs' device (a batch draws every window of its calls at once: up to ~1600 tokens a call),
-# chunk by chunk so that the float32 work space stays under ~0.5 GiB however many calls the batch has.
+# MLA cache tokens, whole caches and redrawn windows (GeneratedData.fresh) alike: drawn in torch on the inputs'
+# device, every token on its own (a cache whose slots shared a few thousand distinct tokens let a solution
+# quantise or dequantise those once a call and gather the rest: docs/threat_model.md, class 4), chunk by
+# chunk so that the float32 work space stays under ~0.5 GiB however many tokens are drawn.
 FRESH_CHUNK_TOKENS = 1 << 16
 
 
 def fresh_mla_tokens(spec: KVCacheValues, count: int, generator: torch.Generator, device) -> torch.Tensor:
-    """[count, 576] bfloat16 tokens distributed as mla_cache_tokens makes them (tile magnitudes
-    2^u, boundary tiles, zero tokens), every one distinct."""
+    """[count, 576] bfloat16 tokens as a KVCacheValues describes them (tile magnitudes 2^u, u uniform in
+    [-spread/2, spread/2]; boundary tiles; zero tokens), every one drawn on its own."""
     return _in_chunks(count, MLA_HEAD_DIM, torch.bfloat16, device,
                       lambda n: _fresh_token_values(spec, n, generator, device).to(torch.bfloat16))
 
 
 def fresh_mla_fp8_tokens(spec: KVCacheValues, count: int, generator: torch.Generator, device) -> torch.Tensor:
-    """[count, 656] packed FP8 tokens (int8 bytes): fresh tokens quantised by the quantize reference,
-    scales included, as the generated caches are."""
+    """[count, 656] packed FP8 tokens (int8 bytes): fresh_mla_tokens' tokens quantised by the quantize
+    reference, scales included."""
     def chunk(n: int) -> torch.Tensor:
         tokens = _fresh_token_values(spec, n, generator, device).to(torch.bfloat16)
         return fp8_quantize()(tokens.view(n, 1, 1, MLA_HEAD_DIM)).view(n, -1)
@@ -349,7 +332,7 @@ def _in_chunks(count: int, width: int, dtype: torch.dtype, device, make: Callabl
 
 
 def _fresh_token_values(spec: KVCacheValues, n: int, generator: torch.Generator, device) -> torch.Tensor:
-    """mla_cache_tokens' draw in torch, float32 (no host synchronisation: masks, not nonzero)."""
+    """fresh_mla_tokens' draw, float32 (no host synchronisation: masks, not nonzero)."""
     values = torch.randn(n, MLA_HEAD_DIM, generator=generator, device=device, dtype=torch.float32)
     tiles = values[:, :MLA_LATENT].unflatten(-1, (MLA_LATENT // MLA_TILE, MLA_TILE))  # a view
     half = spec.spread / 2
@@ -506,17 +489,17 @@ def check_decode_indices(arrays: dict[str, np.ndarray], axes: dict[str, int]) ->
 @register("sparse_decode_indices", data=sparse_decode_data,
           rules=(IndexRule({"indices": 3}, ("num_blocks", "page_block_size"), check_decode_indices),))
 def sparse_decode_indices(spec: SparseDecodeIndices, rng: np.random.Generator,
-                          data_rng: np.random.Generator | None) -> GeneratedInputs:
+                          data: DataSource | None) -> GeneratedInputs:
     layout = _decode_layout(spec, rng)
     pool, batch_size, size = layout["pool"], layout["batch_size"], spec.block_size
     tensors = {"indices": torch.from_numpy(layout["indices"].astype(np.int32))}
-    if spec.fp8_cache is not None and data_rng is None:
+    if spec.fp8_cache is not None and data is None:
         tensors["k_cache"] = shape_only([pool, size, 1, MLA_FP8_BYTES], torch.int8)
     elif spec.fp8_cache is not None:
-        packed = mla_fp8_cache(spec.fp8_cache, pool, size, data_rng)
-        flat = packed.view(pool * size, -1)
-        flat[torch.from_numpy(~layout["used"])] = _nan_token_bytes(flat.shape[-1])  # never reached by a valid index
-        tensors["k_cache"] = packed
+        flat = fresh_mla_fp8_tokens(spec.fp8_cache, pool * size, data.generator, data.device)
+        unused = torch.from_numpy(~layout["used"]).to(data.device)
+        flat[unused] = _nan_token_bytes(MLA_FP8_BYTES).to(data.device)  # never reached by a valid index
+        tensors["k_cache"] = flat.view(pool, size, 1, MLA_FP8_BYTES)
     return tensors, {"batch_size": batch_size, "seq_len_q": spec.seq_len_q, "num_blocks": pool,
                      "page_block_size": size}
 
@@ -529,14 +512,12 @@ def fp8_kv_cache_data(spec: FP8KVCache, rng: np.random.Generator) -> dict[str, G
 
 
 @register("fp8_kv_cache", data=fp8_kv_cache_data)
-def fp8_kv_cache(spec: FP8KVCache, rng: np.random.Generator, data_rng: np.random.Generator | None) -> GeneratedInputs:
-    """No structure: all of it is data, drawn from `data_rng` alone."""
+def fp8_kv_cache(spec: FP8KVCache, rng: np.random.Generator, data: DataSource | None) -> GeneratedInputs:
+    """No structure: all of it is data."""
     axes = {"num_blocks": spec.num_blocks, "page_block_size": spec.block_size}
-    name, width, dtype = ("kv_cache_fp8", MLA_FP8_BYTES, torch.int8) if spec.packed else \
-        ("kv_cache", MLA_HEAD_DIM, torch.bfloat16)
-    if data_rng is None:
-        return {name: shape_only([spec.num_blocks, spec.block_size, 1, width], dtype)}, axes
-    if spec.packed:
-        return {name: mla_fp8_cache(spec.values, spec.num_blocks, spec.block_size, data_rng)}, axes
-    tokens, slots = mla_cache_tokens(spec.values, spec.num_blocks * spec.block_size, data_rng)
-    return {name: tokens[slots].reshape(spec.num_blocks, spec.block_size, 1, width)}, axes
+    name, width, dtype, make = ("kv_cache_fp8", MLA_FP8_BYTES, torch.int8, fresh_mla_fp8_tokens) if spec.packed else \
+        ("kv_cache", MLA_HEAD_DIM, torch.bfloat16, fresh_mla_tokens)
+    shape = [spec.num_blocks, spec.block_size, 1, width]
+    if data is None:
+        return {name: shape_only(shape, dtype)}, axes
+    return {name: make(spec.values, spec.num_blocks * spec.block_size, data.generator, data.device).view(shape)}, axes

@@ -413,3 +413,19 @@ def test_rates_from_a_gpu_clock_never_read_as_zero():
     perf = make_trace("s", "w", latency_ms=1.0, nbytes=2e6, flops=3e6).performance  # 2 GB/s, 0.003 TFLOP/s
     assert run_command.achieved(perf) == "2 GB/s, 0.003 TFLOP/s"
     assert run_command.achieved(perf.model_copy(update={"bytes": None, "flops": None})) == "—"
+
+
+@pytest.mark.parametrize("variable, value, message", [
+    ("FLASHBENCH_ISOLATION", "chroot", "FLASHBENCH_ISOLATION='chroot' is not one of namespaces, process"),
+    ("FLASHBENCH_WORKER_UID", "abc", "FLASHBENCH_WORKER_UID='abc' is no uid"),
+])
+def test_a_machine_setting_refused_ends_the_run_in_one_line(module_repo, tmp_path, monkeypatch, variable, value,
+                                                             message):
+    """The sandbox's refusals of the machine's settings ended `run` in a traceback."""
+    monkeypatch.setenv(variable, value)
+    if variable == "FLASHBENCH_WORKER_UID":  # read only where the runner is root
+        monkeypatch.setattr("flashbench.run.sandbox.os.geteuid", lambda: 0)
+    result = invoke(module_repo, "run", "--def", "mla_paged_decode", "--solution", str(FIXTURES / "correct_dps"),
+                    "--workload", "smoke_mixed", "--trace-dir", str(tmp_path / "traces"), *FAST)
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1

@@ -1042,6 +1042,24 @@ def test_a_runner_that_is_not_root_keeps_its_uid_and_counts_tasks_in_a_user_name
     assert sandbox.WorkerAccount(None).popen_options() == {}
 
 
+def test_a_worker_uid_asked_for_that_cannot_serve_stops_the_run_not_runs_workers_as_root(monkeypatch):
+    """Without FLASHBENCH_WORKER_UID a root runner whose default uid reaches too little runs its workers as root
+    (and says so); an operator who named a uid gets that uid or a refusal naming why, never root."""
+    monkeypatch.setattr(sandbox, "_reach_problem", lambda uid, reachable: "cannot read /opt/venv")
+    monkeypatch.setattr(sandbox, "_umask", lambda: 0o022)
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    sandbox._root_runner_account.cache_clear()
+    try:
+        monkeypatch.delenv(sandbox.WORKER_UID_VARIABLE, raising=False)
+        fallback = sandbox.worker_account("process", ())
+        monkeypatch.setenv(sandbox.WORKER_UID_VARIABLE, "4242")
+        with pytest.raises(sandbox.SandboxError, match="^FLASHBENCH_WORKER_UID=4242, but cannot read /opt/venv; "):
+            sandbox.worker_account("process", ())
+    finally:
+        sandbox._root_runner_account.cache_clear()
+    assert fallback.uid is None and "cannot read /opt/venv" in fallback.why
+
+
 @pytest.mark.parametrize("text", ["0", "-5", "root", str(2**32 - 1)])
 def test_a_worker_uid_that_is_no_uid_is_refused_in_one_line(monkeypatch, text):
     monkeypatch.setenv(sandbox.WORKER_UID_VARIABLE, text)

@@ -5,6 +5,7 @@ sandboxed workers, never imports solution code, and returns a `JobOutcome` (a py
 it crosses to the Ray driver as JSON).
 """
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -15,7 +16,7 @@ import torch
 
 from ..build import CACHE_DIR_NAME, folder_problem, missing_dependencies, missing_toolchain
 from ..environment import describe_environment
-from ..errors import shortened
+from ..errors import FlashbenchError, shortened
 from ..model import REFERENCE, Definition, Workload
 from ..reference import load_reference
 from ..workloads import generate_inputs
@@ -42,6 +43,16 @@ class DeviceUnusable(Exception):
     """A worker could not use its device: the check it makes before any solution code runs failed."""
 
 
+@contextlib.contextmanager
+def _machine_setting():
+    """The sandbox module's refusals of this machine's settings (FLASHBENCH_ISOLATION, FLASHBENCH_WORKER_UID) as
+    one line: it runs as a script in the worker too, and raises errors of its own."""
+    try:
+        yield
+    except (ValueError, sandbox.SandboxError) as exc:
+        raise FlashbenchError(str(exc)) from None
+
+
 @dataclass
 class JudgeConfig:
     definition: Definition
@@ -59,8 +70,10 @@ class JudgeConfig:
                 hardware: str, sources: tuple[Path, ...] = ()) -> "JudgeConfig":
         sets = options.input_sets
         seeds = [fresh_seed() for _ in range(sets)] if options.seed is None else [options.seed + i for i in range(sets)]
-        return cls(definition, root, definition_file, options, seeds, options.isolation or sandbox.available_isolation(),
-                   hardware, options.cache_dir or root / CACHE_DIR_NAME, sources)
+        with _machine_setting():
+            isolation = options.isolation or sandbox.available_isolation()
+        return cls(definition, root, definition_file, options, seeds, isolation, hardware,
+                   options.cache_dir or root / CACHE_DIR_NAME, sources)
 
     @property
     def trace_dir(self) -> Path:
@@ -68,7 +81,8 @@ class JudgeConfig:
 
     def worker_account(self) -> sandbox.WorkerAccount:
         """Who this machine's workers run as (decided once per machine: a run over Ray asks on each)."""
-        return sandbox.worker_account(self.isolation, (str(self.cache_dir),))
+        with _machine_setting():
+            return sandbox.worker_account(self.isolation, (str(self.cache_dir),))
 
     def hidden_from(self, candidate: Candidate) -> tuple[Path, ...]:
         """What a worker has no business reading, empty to it at the namespaces level: the whole repository

@@ -309,16 +309,19 @@ def worker_account(isolation: str, reachable: tuple[str, ...]) -> WorkerAccount:
     which the kernel never counts."""
     if os.geteuid() != 0:
         return WorkerAccount(None, counts_tasks=isolation == "namespaces")
-    return _root_runner_account(isolation, tuple(os.path.abspath(path) for path in (SOURCE_ROOT, *reachable)))
+    reachable = tuple(os.path.abspath(path) for path in (SOURCE_ROOT, *reachable))
+    asked = bool(os.environ.get(WORKER_UID_VARIABLE))
+    return _root_runner_account(isolation, reachable, configured_worker_uid(), asked)
 
 
 @functools.cache
-def _root_runner_account(isolation: str, reachable: tuple[str, ...]) -> WorkerAccount:
-    uid = configured_worker_uid()
+def _root_runner_account(isolation: str, reachable: tuple[str, ...], uid: int, asked: bool) -> WorkerAccount:
+    """`uid` where it can serve; where it cannot, root, unless it was `asked` for (then SandboxError)."""
     umask = _umask()
-    if umask & 0o005:
-        return WorkerAccount(None, f"the runner's umask {umask:03o} keeps other users out of what it stages")
-    problem = _reach_problem(uid, reachable) or (_namespaces_problem(uid) if isolation == "namespaces" else None)
+    problem = f"the runner's umask {umask:03o} keeps other users out of what it stages" if umask & 0o005 else \
+        _reach_problem(uid, reachable) or (_namespaces_problem(uid) if isolation == "namespaces" else None)
+    if problem and asked:  # never root instead of a uid named
+        raise SandboxError(f"{WORKER_UID_VARIABLE}={uid}, but {problem}; unset it to run workers as root")
     if problem:
         return WorkerAccount(None, f"uid {uid}: {problem}")
     return WorkerAccount(uid, counts_tasks=True)

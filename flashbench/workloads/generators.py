@@ -20,14 +20,17 @@ bound values, and let through structures no generator makes, on which the refere
 """
 
 import functools
+import importlib.util
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
 from ..model import Lengths, PagedKV
-from ..model.workload import BlockTable, Varlen
+from ..model.workload import (BlockTable, FP8KVCache, KVCacheValues, SparseDecodeIndices, SparsePrefillIndices,
+                              Varlen)
 
 GeneratedInputs = tuple[dict[str, torch.Tensor], dict[str, int]]
 INT32_MAX = 2**31 - 1  # generated index tensors are int32
@@ -135,6 +138,16 @@ def _draw_lengths(spec: Lengths, rng: np.random.Generator) -> np.ndarray:
     return np.clip(np.rint(draws), spec.low, spec.high).astype(np.int64)
 
 
+def _prefixed_lengths(spec: PagedKV | Varlen | SparsePrefillIndices, rng: np.random.Generator,
+                      unit: str) -> tuple[np.ndarray, np.ndarray]:
+    """(query lengths, key lengths: each `unit`'s cached prefix plus its queries), drawn in that order."""
+    q_lens = sample_lengths(spec.q_lens, rng)
+    prefix = sample_lengths(spec.prefix_lens, rng) if spec.prefix_lens else np.zeros_like(q_lens)
+    if len(prefix) != len(q_lens):
+        raise ValueError(f"prefix_lens gives {len(prefix)} {unit} but q_lens gives {len(q_lens)}")
+    return q_lens, prefix + q_lens
+
+
 def _indptr(lengths: np.ndarray) -> torch.Tensor:
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     if offsets.max() > INT32_MAX:  # each length is within int32, so a sum that wraps passes this first
@@ -174,11 +187,7 @@ def paged_kv(spec: PagedKV, rng: np.random.Generator) -> GeneratedInputs:
     tensors: dict[str, torch.Tensor] = {}
     axes: dict[str, int] = {}
     if spec.q_lens is not None:
-        q_lens = sample_lengths(spec.q_lens, rng)
-        prefix = sample_lengths(spec.prefix_lens, rng) if spec.prefix_lens else np.zeros_like(q_lens)
-        if len(prefix) != len(q_lens):
-            raise ValueError(f"prefix_lens gives {len(prefix)} requests but q_lens gives {len(q_lens)}")
-        kv_lens = prefix + q_lens
+        q_lens, kv_lens = _prefixed_lengths(spec, rng, "requests")
         tensors["qo_indptr"] = _indptr(q_lens)
         axes["total_q"] = int(q_lens.sum())
     else:
@@ -258,22 +267,13 @@ def check_varlen(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> None:
 
 @register("varlen", rules=(IndexRule({"cu_seqlens_q": 1, "cu_seqlens_k": 1}, ("total_q", "total_k"), check_varlen),))
 def varlen(spec: Varlen, rng: np.random.Generator) -> GeneratedInputs:
-    q_lens = sample_lengths(spec.q_lens, rng)
-    prefix = sample_lengths(spec.prefix_lens, rng) if spec.prefix_lens else np.zeros_like(q_lens)
-    if len(prefix) != len(q_lens):
-        raise ValueError(f"prefix_lens gives {len(prefix)} sequences but q_lens gives {len(q_lens)}")
-    k_lens = prefix + q_lens
+    q_lens, k_lens = _prefixed_lengths(spec, rng, "sequences")
     tensors = {"cu_seqlens_q": _indptr(q_lens), "cu_seqlens_k": _indptr(k_lens)}
     axes = {"total_q": int(q_lens.sum()), "total_k": int(k_lens.sum())}
     return tensors, axes
 
 
 # Sparse attention (FlashMLA's DSA kernels): top-k index sets and FP8 KV caches.
-
-import importlib.util  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from ..model.workload import FP8KVCache, KVCacheValues, SparseDecodeIndices, SparsePrefillIndices  # noqa: E402
 
 FP8_QUANTIZE_REFERENCE = Path("references/flashmla_sparse/flashmla_sparse_fp8_quantize_ckv512_kpe64_ps64.py")
 MLA_HEAD_DIM, MLA_LATENT, MLA_TILE = 576, 512, 128
@@ -403,17 +403,13 @@ def check_topk_length(arrays: dict[str, np.ndarray], axes: dict[str, int]) -> No
 @register("sparse_prefill_indices", rules=(IndexRule({"indices": 3}, ("seq_len_kv",), check_prefill_indices),
                                            IndexRule({"topk_length": 1}, ("topk",), check_topk_length)))
 def sparse_prefill_indices(spec: SparsePrefillIndices, rng: np.random.Generator) -> GeneratedInputs:
-    q_lens = sample_lengths(spec.q_lens, rng)
-    prefix = sample_lengths(spec.prefix_lens, rng) if spec.prefix_lens else np.zeros_like(q_lens)
-    if len(prefix) != len(q_lens):
-        raise ValueError(f"prefix_lens gives {len(prefix)} requests but q_lens gives {len(q_lens)}")
-    kv_lens = prefix + q_lens
+    q_lens, kv_lens = _prefixed_lengths(spec, rng, "requests")
     seq_len_q, seq_len_kv, topk = int(q_lens.sum()), int(kv_lens.sum()), spec.topk
     request = np.repeat(np.arange(len(q_lens)), q_lens)
     first_query = np.concatenate([[0], np.cumsum(q_lens)[:-1]]).astype(np.int64)
     first_key = np.concatenate([[0], np.cumsum(kv_lens)[:-1]]).astype(np.int64)
     # causal: query token i of a request sees its request's keys 0..prefix + i
-    visible = prefix[request] + np.arange(seq_len_q) - first_query[request] + 1
+    visible = (kv_lens - q_lens)[request] + np.arange(seq_len_q) - first_query[request] + 1
     visible[_empty_rows(rng, seq_len_q, spec.empty_queries)] = 0
     indices = random_subsets(rng, visible, topk)
     valid = indices >= 0

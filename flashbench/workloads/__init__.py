@@ -33,7 +33,7 @@ __all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "ran
            "refill_whole", "draw_windows", "window_copies", "window_elements", "window_spans", "window_starts",
            "generated_data", "redrawn_data", "draw_data_windows", "data_window_copies", "data_window_spans",
            "unredrawn_data_inputs", "index_inputs", "sample_lengths", "structured_inputs", "check_workload",
-           "workload_problem", "set_memory_problem"]
+           "workload_problem", "set_memory_problem", "scalable", "symmetric"]
 
 
 def derive_seed(*parts: object) -> int:

@@ -1143,3 +1143,19 @@ def test_one_trace_flashbench_refuses_is_skipped_alone(tmp_path):
     names = {t.solution for t in read_traces(imported_trace_dir(repo, "fib") / "nvidia_h100" / f"{DEF}.jsonl")}
     assert {"py_loop", "phantom"} <= names and "mirror" not in names
     assert any("line 6: not imported: author" in why for why in rows(summary, DEF, "trace", "skipped"))
+
+
+def test_export_notes_generated_data_that_is_shapes_only_there(tmp_path):
+    """Generated data (an FP8 cache) is made on "meta" where inputs are checked, not on the CPU beside the index
+    tensors: the export took it for a plain random input and lost its note that the generator remakes it."""
+    name = "flashmla_sparse_fp8_dequantize_ckv512_kpe64_ps64"
+    root = Path(__file__).resolve().parents[1]
+    for folder, suffixes in (("definitions", (".yaml", ".workloads.yaml")), ("references", (".py",))):
+        (tmp_path / "ours" / folder / "flashmla_sparse").mkdir(parents=True)
+        for suffix in suffixes:
+            shutil.copy(root / folder / "flashmla_sparse" / f"{name}{suffix}",
+                        tmp_path / "ours" / folder / "flashmla_sparse")
+    summary = export_fib(tmp_path / "ours", tmp_path / "fib")
+    exported = [row.why for row in summary.rows if row.kind == "workload" and row.outcome == "exported"]
+    assert exported and all("generated input(s) kv_cache_fp8 written as FIB random inputs" in why
+                            for why in exported), exported

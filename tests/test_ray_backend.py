@@ -303,3 +303,24 @@ def test_the_running_jobs_are_those_in_flight(monkeypatch):
         for job, _, _ in ray.run(jobs(3)):
             assert job.index not in ray.running()
             assert ray.running() == set(range(job.index + 1, 3))
+
+
+def test_a_task_whose_machine_refuses_the_worker_uid_asked_for_says_so_as_a_device_failure(task_setting, monkeypatch):
+    """A root Ray node where the FLASHBENCH_WORKER_UID named cannot serve refuses it (never root instead): the task
+    raised, Ray reported it as a task that died, and every job on that node was recorded CRASHED against its
+    solution. It is the machine's failure: the driver tries again, then ends the run with the reason."""
+    from flashbench.run import sandbox
+    config, candidates, workload = task_setting
+    monkeypatch.setattr(sandbox, "_reach_problem", lambda uid, reachable: "cannot read /opt/venv")
+    monkeypatch.setattr(sandbox, "_umask", lambda: 0o022)
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    monkeypatch.setenv(sandbox.WORKER_UID_VARIABLE, "4242")
+    started = []
+    monkeypatch.setattr("flashbench.run.jobs.WorkerProcess.start", lambda *args, **kwargs: started.append(args))
+    sandbox._root_runner_account.cache_clear()
+    try:
+        answer = TaskAnswer.model_validate_json(job_task(config, Job(0, candidates["correct_dps"], workload), "cpu"))
+    finally:
+        sandbox._root_runner_account.cache_clear()
+    assert answer.outcome is None and answer.device_error.startswith("FLASHBENCH_WORKER_UID=4242, but cannot read")
+    assert started == []

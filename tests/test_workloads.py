@@ -365,7 +365,7 @@ def edit_workloads(root, name, edit):
         "kv_indptr": {"type": "safetensors", "path": "garbage.safetensors", "tensor_key": "x"}}),
      "cannot be read as safetensors"),
     (lambda d: d["workloads"][1]["generate"][0].update(kv_lens={"distribution": "fixed", "count": 10 ** 12,
-                                                                "value": 1}), "does not fit in memory here"),
+                                                                "value": 1}), "lengths takes 16,000,000,000,000 bytes to make"),
     (lambda d: d["workloads"][1]["generate"][0].update(page_pool=10 ** 12), "less than or equal to 2147483648"),
 ])
 def test_validate_reports_bad_workloads(root, edit, message):
@@ -749,6 +749,23 @@ def test_a_generated_cache_is_told_from_its_shape_not_drawn_to_check_it(repo, mo
     with pytest.raises(FlashbenchError, match=rf"workload large_fp8_cache: .* \({(1 << 16) * 64 * 656:,} of inputs"):
         refuse_invalid_workloads(repo, repo.definition(name), [Workload.model_validate(LARGE_FP8_CACHE)], "cuda:0")
     assert drawn == []
+
+
+@pytest.mark.parametrize("generate, what", [
+    ({"generator": "paged_kv", "kv_lens": {"distribution": "list", "values": [1, 2]}, "page_pool": 1 << 20},
+     "a pool of 1048576 pages takes 8,388,608 bytes"),
+    ({"generator": "paged_kv", "kv_lens": {"distribution": "fixed", "count": 1 << 20, "value": 1}},
+     "1048576 lengths takes 16,777,216 bytes"),
+])
+def test_index_structure_past_the_hosts_share_is_refused_before_it_is_made(repo, decode, monkeypatch, generate, what):
+    """Index structure is made for real wherever a workload is checked, before its sizes are weighed: a page pool of
+    2^31 (within int32) took 16 GB to order. What a generator is about to make is weighed first, against the share
+    of the host's memory one workload's inputs may take (here 1 MiB)."""
+    monkeypatch.setattr("flashbench.workloads.generators.captured_memory_budget", lambda: 1 << 20)
+    workload = Workload.model_validate({**LARGE_POOL, "generate": [generate]})
+    with pytest.raises(FlashbenchError, match=f"generate\\[0\\] \\(paged_kv\\): {what} to make, more than the "
+                                              "1,048,576 of this machine's memory"):
+        refuse_invalid_workloads(repo, decode, [workload], "cpu")
 
 
 SPARSE_DECODE = "flashmla_sparse_decode_fp8_sink_h64_ckv512_kpe64_ps64_topk2048"

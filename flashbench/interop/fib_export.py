@@ -47,7 +47,7 @@ from ..model.workload import SafetensorsInput, ScalarInput
 from ..reference import reference_source
 from ..registry import Repo, SolutionFolder
 from ..traces import TIMING_METHODS, read_traces, trace_file_name
-from ..workloads import generate_inputs
+from ..workloads import generate_inputs, generated_data
 from ..workloads.tensors import DEFAULT_RANDOM
 from . import fib_model as fib
 from .fib_import import ALL_OUTPUTS, FIB_SOURCE, IMPORTED
@@ -169,11 +169,13 @@ class DefinitionExport:
 
     def workload(self, workload: Workload, base: Path, notes: list[str]) -> fib.FibWorkload:
         d = self.definition
-        # Shapes and constraints on "meta": no random tensor is drawn. Generators' tensors stay on the CPU there.
+        # Shapes and constraints on "meta": no random tensor is drawn. Generators' index tensors stay on the CPU
+        # there; the data they make (an FP8 cache) is shapes only, on "meta" like the random inputs.
         made = generate_inputs(d, workload, seed=0, device="meta", base_dir=base)
         axes = bind_axes(d, made)
-        generated = {n: t for n, t in made.items()
-                     if n not in workload.inputs and isinstance(t, torch.Tensor) and t.device.type == "cpu"}
+        data = set(generated_data(workload))
+        generated = {n: t for n, t in made.items() if n not in workload.inputs and isinstance(t, torch.Tensor)
+                     and (t.device.type == "cpu" or n in data)}
         blob = {n: t.contiguous() for n, t in generated.items()
                 if self.exporter.index_blobs and d.inputs[n].dtype in INDEX_DTYPES}
         notes += generated_notes(d, sorted(set(generated) - set(blob)))

@@ -50,6 +50,12 @@ def job_task(config: JudgeConfig, job: Job, device: str) -> str:
     use_root(config.root)  # the inputs made here find the FP8 quantize reference in the run's repository
     judge = JobJudge(config)
     try:
+        # This machine's settings, before anything runs: a worker uid named that cannot serve here is the machine's
+        # failure (the driver tries again, then ends the run with it), not a task that died (CRASHED, the solution's)
+        config.worker_account()
+    except FlashbenchError as exc:
+        return TaskAnswer(device_error=str(exc)).model_dump_json()
+    try:
         environment = judge.environment_of(device)
         if judge.lacks_clean_steps(job, device):  # before any solution code runs on the device
             judge.measure_clean_steps(job.workload, device)

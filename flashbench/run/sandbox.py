@@ -304,7 +304,8 @@ def worker_account(isolation: str, reachable: tuple[str, ...]) -> WorkerAccount:
     """A root runner's workers run as a uid of their own (WORKER_UID_VARIABLE, else DEFAULT_WORKER_UID)
     where that uid can reach all a worker needs: the interpreter's packages, this source tree, and the
     `reachable` directories (the cache, where the runner stages solutions and makes build directories).
-    Otherwise, and for a runner that is not root, as the runner's uid. RLIMIT_NPROC counts the sandbox's
+    Otherwise as root, unless WORKER_UID_VARIABLE names the uid (then SandboxError saying why it cannot serve);
+    for a runner that is not root, as the runner's uid. RLIMIT_NPROC counts the sandbox's
     tasks alone where the uid is its own, and in a user namespace of its own (namespaces) but for root,
     which the kernel never counts."""
     if os.geteuid() != 0:

@@ -31,6 +31,7 @@ import torch
 from ..model import Lengths, PagedKV
 from ..model.workload import (BlockTable, FP8KVCache, KVCacheValues, SparseDecodeIndices, SparsePrefillIndices,
                               Varlen)
+from .tensors import captured_memory_budget
 
 GeneratedInputs = tuple[dict[str, torch.Tensor], dict[str, int]]
 INT32_MAX = 2**31 - 1  # generated index tensors are int32
@@ -107,6 +108,16 @@ def shape_only(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
+def _host_room(what: str, nbytes: int) -> None:
+    """ValueError where making `what` would take more of the host's memory than one workload's inputs may
+    (captured_memory_budget): index structure is made for real wherever a workload is checked, before its sizes are
+    weighed, and a page pool of 2^31 took 16 GB to order."""
+    budget = captured_memory_budget()
+    if nbytes > budget:
+        raise ValueError(f"{what} takes {nbytes:,} bytes to make, more than the {budget:,} of this machine's memory "
+                         "(a sixteenth) one workload's inputs may")
+
+
 def _refuse_first(name: str, values: np.ndarray, bad: np.ndarray, why: str) -> None:
     """ValueError naming the first entry of input `name` that is `bad`, its value and `why` it may not be."""
     if bad.any():
@@ -125,6 +136,7 @@ def sample_lengths(spec: Lengths, rng: np.random.Generator) -> np.ndarray:
 
 def _draw_lengths(spec: Lengths, rng: np.random.Generator) -> np.ndarray:
     kind = spec.distribution
+    _host_room(f"{spec.count} lengths", 16 * spec.count)  # normal draws are float64, then int64
     if kind == "list":
         return np.asarray(spec.values, dtype=np.int64)
     if kind == "fixed":
@@ -199,6 +211,7 @@ def paged_kv(spec: PagedKV, rng: np.random.Generator) -> GeneratedInputs:
         raise ValueError(f"page_pool {pool} is smaller than the {total} KV tokens it must hold")
     tensors["kv_indptr"] = _indptr(kv_lens)
     # Real caches hand out pages in no particular order: a random permutation of the pool.
+    _host_room(f"a pool of {pool} pages", 8 * pool)  # its order, drawn whole
     tensors["kv_indices"] = torch.from_numpy(rng.permutation(pool)[:total].astype(np.int32))
     axes["num_pages"] = pool
     return tensors, axes
@@ -243,6 +256,7 @@ def block_table(spec: BlockTable, rng: np.random.Generator) -> GeneratedInputs:
         raise ValueError(f"unused {spec.unused} is a real block id (the pool has {pool}); use -1 (or an id past the "
                          "pool where the definition allows one)")
     # Real caches hand out blocks in no particular order: a random permutation of the pool.
+    _host_room(f"a pool of {pool} blocks and a table of {len(seqlens)} x {width}", 8 * pool + 4 * len(seqlens) * width)
     ids = rng.permutation(pool)[:needed].astype(np.int32)
     table = np.full((len(seqlens), width), spec.unused, dtype=np.int32)
     table[_used_slots(blocks, width)] = ids  # row-major: request after request, each one's blocks in order
@@ -367,6 +381,7 @@ def random_subsets(rng: np.random.Generator, visible: np.ndarray, k: int) -> np.
     k // 4 most recent positions and one at random from each of k - k // 4 equal strata of the
     older ones (a local window plus keys spread over the whole context)."""
     visible = np.asarray(visible, dtype=np.int64)
+    _host_room(f"{len(visible)} rows of {k} indices", 32 * len(visible) * k)  # the output and the strata's work
     out = np.full((len(visible), k), -1, dtype=np.int64)
     for row in np.nonzero(visible <= k)[0].tolist():  # every visible position, shuffled
         out[row, :visible[row]] = rng.permutation(visible[row])
@@ -444,6 +459,7 @@ def _decode_layout(spec: SparseDecodeIndices, rng: np.random.Generator) -> dict:
         raise ValueError(f"block_pool {pool} is smaller than the {needed} blocks the requests need")
     if pool * size > INT32_MAX + 1:
         raise ValueError(f"{pool} blocks of {size} tokens are more cache tokens than int32 indices reach")
+    _host_room(f"a pool of {pool} blocks of {size} tokens", 8 * pool + 17 * pool * size)  # order, tokens held
     # Real caches hand out blocks in no particular order: a random permutation of the pool.
     block_ids = rng.permutation(pool)[:needed].astype(np.int64)
     first_block = np.concatenate([[0], np.cumsum(blocks)[:-1]]).astype(np.int64)

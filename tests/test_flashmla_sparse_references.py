@@ -299,3 +299,20 @@ def test_a_kernel_that_skips_the_sink_on_long_rows_fails_the_heavy_sink_workload
     sinkless = [torch.full_like(a, -math.inf) if n == "attn_sink" else a for n, a in zip(definition.inputs, arguments)]
     verdict = compare_outputs(definition, dict(zip(definition.outputs, run(*sinkless))), expected)
     assert not verdict.passed and verdict.errors["out"].mismatch_fraction > 0.5
+
+
+@pytest.mark.parametrize("name", ["flashmla_sparse_prefill_sink_topklen_h64_ckv512_kpe64_topk2048", PREFILL_SINK])
+def test_zeros_for_the_heads_of_the_largest_sinks_fail_the_heavy_sink_workload(name):
+    """Sinks drawn normal(9, 2) over 128 heads left the 16 largest (over 11.5) scaling their heads' outputs under the
+    tolerance: zeros for those heads PASSED (a red team), a head's work skipped. Drawn normal(9, 1), the heads of
+    the largest eighth of sinks still carry outputs the check sees."""
+    repo = Repo(ROOT)
+    definition = repo.definition(name)
+    chosen = next(w for w in repo.workload_set(name).workloads if w.name == "q64_kv2048_heavy_sink")
+    inputs = generate_inputs(definition, chosen, 0, "cpu", repo.workloads_path(name).parent)
+    expected = dict(zip(definition.outputs, reference(name).run(*[inputs[n] for n in definition.inputs])))
+    heads = inputs["attn_sink"].topk(len(inputs["attn_sink"]) // 8).indices
+    skipped = {**expected, "out": expected["out"].clone()}
+    skipped["out"][:, heads] = 0
+    verdict = compare_outputs(definition, skipped, expected)
+    assert not verdict.passed and verdict.errors["out"].mismatch_fraction > 0

@@ -20,6 +20,7 @@ from flashbench import generate_inputs
 from flashbench.binding import BindingError, bind_axes
 from flashbench.model.workload import BlockTable, Lengths, Varlen
 from flashbench.workloads import GENERATORS
+from causal_mask import causal_visibility
 
 REPO = Path(__file__).resolve().parents[1]
 DECODE = {128: "flashmla_decode_causal_h128_ckv512_kpe64_ps64", 16: "flashmla_decode_causal_h16_ckv512_kpe64_ps64"}
@@ -185,13 +186,7 @@ def prefill_case(dqk, q_lens, k_lens, scale, seed):
 def prefill_float64(inputs):
     """Every query against every key of the batch, masked to its own sequence and the causal rule."""
     q, k, v = inputs["q"].double(), inputs["k"].double(), inputs["v"].double()
-    cq, ck = inputs["cu_seqlens_q"].tolist(), inputs["cu_seqlens_k"].tolist()
-    visible = torch.zeros(q.shape[0], k.shape[0], dtype=torch.bool)
-    for b in range(len(cq) - 1):
-        q_len, k_len = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
-        for i in range(q_len):
-            for j in range(k_len):
-                visible[cq[b] + i, ck[b] + j] = j <= k_len - q_len + i
+    visible = causal_visibility(inputs["cu_seqlens_q"].tolist(), inputs["cu_seqlens_k"].tolist())
     logits = torch.einsum("thd,nhd->thn", q, k) * inputs["softmax_scale"]
     logits = logits.masked_fill(~visible[:, None, :], -math.inf)
     peak = logits.max(dim=-1, keepdim=True).values

@@ -13,6 +13,7 @@ import torch
 
 import flashbench
 from flashbench import generate_inputs
+from causal_mask import causal_visibility
 
 REPO = Path(__file__).resolve().parents[1]
 DECODE = "mla_paged_decode_h16_ckv512_kpe64_ps1"
@@ -99,13 +100,7 @@ def prefill_float64(inputs):
     ckv, kpe = inputs["ckv_cache"].double()[:, 0], inputs["kpe_cache"].double()[:, 0]
     keys = torch.cat([ckv[page_ids], kpe[page_ids]], dim=-1)  # [num_kv, 576]
     values = ckv[page_ids]
-    qo, kv = inputs["qo_indptr"].tolist(), inputs["kv_indptr"].tolist()
-    visible = torch.zeros(q.shape[0], keys.shape[0], dtype=torch.bool)
-    for b in range(len(qo) - 1):
-        q_len, kv_len = qo[b + 1] - qo[b], kv[b + 1] - kv[b]
-        for i in range(q_len):
-            for j in range(kv_len):
-                visible[qo[b] + i, kv[b] + j] = j <= kv_len - q_len + i
+    visible = causal_visibility(inputs["qo_indptr"].tolist(), inputs["kv_indptr"].tolist())
     logits = torch.einsum("thd,nd->thn", q, keys) * inputs["sm_scale"]
     logits = logits.masked_fill(~visible[:, None, :], -math.inf)
     lse_natural = torch.logsumexp(logits, dim=-1)

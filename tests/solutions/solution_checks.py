@@ -272,3 +272,20 @@ def check_directly(pairs: list[tuple[str, str]], stage_dir: Path, skip: set[tupl
                 "max_abs_error": {name: e.max_abs_error for name, e in verdict.errors.items()} if verdict else {},
             }
     return results
+
+
+def nan_tail_case(seed=0):
+    """Three requests with two draft tokens; block tails past each length are NaN, unused table slots -1."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths, pool = [2, 70, 129], 12
+    ids = torch.randperm(pool, generator=gen).to(torch.int32)
+    table = torch.full((3, 4), -1, dtype=torch.int32)
+    k_cache = torch.randn(pool, 64, 1, 576, generator=gen)
+    used = 0
+    for b, length in enumerate(lengths):
+        blocks = (length + 63) // 64
+        table[b, :blocks] = ids[used:used + blocks]
+        used += blocks
+        k_cache[table[b, blocks - 1].item(), length - (blocks - 1) * 64:] = float("nan")
+    q = torch.randn(3, 2, 16, 576, generator=gen).bfloat16()
+    return q, k_cache.bfloat16(), table, torch.tensor(lengths, dtype=torch.int32), 0.1352

@@ -27,7 +27,7 @@ import torch
 
 from flashbench import Repo
 from flashbench.run import select_solutions, select_workloads
-from solution_checks import (SOLUTIONS, check_directly, cut_down, interpreted, kernel_of, load_module,
+from solution_checks import (SOLUTIONS, check_directly, cut_down, interpreted, kernel_of, load_module, nan_tail_case,
                              run_through_runner, solution_file)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,23 +144,6 @@ def test_solutions_pass_workloads_without_queries(definition, direct_results):
 DECODE_H16 = "flashmla_decode_causal_h16_ckv512_kpe64_ps64"
 NAN_TAILS = "decode kernels on NaN block tails"  # its key among the child's results
 
-
-
-def nan_tail_case(seed=0):
-    """Three requests with two draft tokens; block tails past each length are NaN, unused table slots -1."""
-    gen = torch.Generator().manual_seed(seed)
-    lengths, pool = [2, 70, 129], 12
-    ids = torch.randperm(pool, generator=gen).to(torch.int32)
-    table = torch.full((3, 4), -1, dtype=torch.int32)
-    k_cache = torch.randn(pool, 64, 1, 576, generator=gen)
-    used = 0
-    for b, length in enumerate(lengths):
-        blocks = (length + 63) // 64
-        table[b, :blocks] = ids[used:used + blocks]
-        used += blocks
-        k_cache[table[b, blocks - 1].item(), length - (blocks - 1) * 64:] = float("nan")
-    q = torch.randn(3, 2, 16, 576, generator=gen).bfloat16()
-    return q, k_cache.bfloat16(), table, torch.tensor(lengths, dtype=torch.int32), 0.1352
 
 
 def check_decode_on_nan_tails() -> dict:

@@ -26,7 +26,7 @@ from flashbench.build import missing_dependencies
 from flashbench.registry import load_solution_folder
 from flashbench.run import RunOptions, Runner, select_solutions, select_workloads
 from flashbench.validate import validate
-from solution_checks import load_module, solution_file
+from solution_checks import load_module, nan_tail_case, solution_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -324,21 +324,10 @@ def test_flashinfer_decode_never_reads_unused_table_slots(monkeypatch):
     fake_flashinfer(monkeypatch)
     definition = "flashmla_decode_causal_h16_ckv512_kpe64_ps64"
     kernel = load_module("flashinfer_nan_tails", solution_file(definition, "flashinfer_fa3"))
-    gen = torch.Generator().manual_seed(0)
-    lengths, pool = [2, 70, 129], 12
-    ids = torch.randperm(pool, generator=gen).to(torch.int32)
-    table = torch.full((3, 4), -1, dtype=torch.int32)
-    k_cache = torch.randn(pool, 64, 1, 576, generator=gen)
-    used = 0
-    for b, length in enumerate(lengths):
-        blocks = (length + 63) // 64
-        table[b, :blocks] = ids[used:used + blocks]
-        used += blocks
-        k_cache[table[b, blocks - 1].item(), length - (blocks - 1) * 64:] = math.nan
-    unused = sorted(set(range(pool)) - set(table[table >= 0].tolist()))
+    inputs = list(nan_tail_case())
+    table, k_cache = inputs[2], inputs[1]
+    unused = sorted(set(range(k_cache.shape[0])) - set(table[table >= 0].tolist()))
     k_cache[unused] = math.nan
-    inputs = [torch.randn(3, 2, 16, 576, generator=gen).bfloat16(), k_cache.bfloat16(), table,
-              torch.tensor(lengths, dtype=torch.int32), 0.1352]
     expected = reference(definition).run(*inputs)
     out, lse = torch.empty_like(expected[0]), torch.empty_like(expected[1])
     kernel.run(*inputs, out, lse)

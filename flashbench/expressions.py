@@ -8,6 +8,7 @@ is allowed, so an expression can never import, call or reach arbitrary code.
 """
 
 import ast
+import functools
 import math
 import operator
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ def _extreme(pick):
             if values[0].numel() == 0:  # the least of nothing is above everything, so `min(x) >= 0` holds of no x
                 return math.inf if pick == "min" else -math.inf
             return getattr(values[0], pick)().item()
+        if any(isinstance(value, torch.Tensor) for value in values):  # several: element by element, as torch's
+            return functools.reduce({"max": torch.maximum, "min": torch.minimum}[pick], map(torch.as_tensor, values))
         return {"max": max, "min": min}[pick](*values)
     return apply
 

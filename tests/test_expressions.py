@@ -237,6 +237,15 @@ def test_missing_value_at_evaluation_time():
         expression.evaluate({"a": 1})
 
 
+def test_min_and_max_of_several_values_with_a_tensor_go_element_by_element():
+    """A cost counts, per request, the queries that see any key: the smaller of two lengths, request by request
+    (Python's min compared the two tensors whole and raised)."""
+    q, k = torch.tensor([4, 1, 3]), torch.tensor([1, 2, 3])
+    assert parse("sum(min(q, k))", frozenset({"q", "k"}), frozenset({"min", "sum"})).evaluate({"q": q, "k": k}) == 5
+    assert parse("sum(max(q, 2))", frozenset({"q"}), frozenset({"max", "sum"})).evaluate({"q": q}) == 9
+    assert parse("min(3, 5)", frozenset(), frozenset({"min"})).evaluate({}) == 3
+
+
 def test_min_and_max_of_an_empty_tensor_hold_vacuously():
     """A batch without requests, or a request without queries: `min(x) >= 0` and `max(x) < n` hold of no x
     (they raised, and a valid workload failed its own constraints)."""

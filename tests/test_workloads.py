@@ -280,6 +280,14 @@ def test_random_input_needs_its_axes(decode):
         generate_inputs(decode, w, seed=0)
 
 
+def test_a_uuid_is_at_most_a_file_name_long():
+    """export-fib --index-blobs names a blob <uuid>.safetensors: a uuid of 300 characters passed and the export
+    ended with ENAMETOOLONG."""
+    assert Workload.model_validate({"uuid": "u" * 128}).uuid == "u" * 128
+    with pytest.raises(ValidationError, match="at most 128 characters"):
+        Workload.model_validate({"uuid": "u" * 300})
+
+
 def test_uniform_random_inputs(decode):
     w = workload(inputs={**SCALE, "q_pe": {"type": "random", "distribution": "uniform", "low": 2, "high": 3}},
                  kv_lens={"distribution": "list", "values": [4, 4]})

@@ -4,7 +4,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, model_validator
 
-from .definition import FOLDER_NAME_OR_NONE, Strict
+from .definition import FOLDER_NAME_OR_NONE, NAME_CHARS, Strict
 
 # Generated ids (pages, blocks) are int32: a pool past this could not be indexed, and drawing its order
 # alone would take tens of GB before anything refused it.
@@ -185,7 +185,9 @@ GeneratorSpec = Annotated[
 
 
 class Workload(Strict):
-    uuid: str = Field(min_length=8, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+    # At most NAME_CHARS: `export-fib --index-blobs` names a file <uuid>.safetensors, and a uuid of 300
+    # characters passed `validate` and ended the export with a traceback (ENAMETOOLONG).
+    uuid: str = Field(min_length=8, max_length=NAME_CHARS, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
                       description="letters, digits, '-' and '_': exports name files after it")
     name: str = Field("", pattern=FOLDER_NAME_OR_NONE, description="a short human label, e.g. b64_l4096")
     tags: list[str] = Field([], description="'smoke' marks tiny workloads for CPU runs")

@@ -64,6 +64,11 @@ def check_constraints(definition: Definition, axes: dict[str, int], inputs: dict
     for expression in definition.constraint_expressions:
         try:
             holds = expression.evaluate(env)
+            if isinstance(holds, torch.Tensor) and holds.numel() != 1:  # `max(x, 0)`: min and max go element-wise
+                raise BindingError(f"constraint {expression.source!r} gives {holds.numel()} values, not one truth")
+            holds = bool(holds)
+        except BindingError:
+            raise
         except Exception as exc:  # an expression over bad inputs can fail in many ways
             raise BindingError(f"constraint {expression.source!r} cannot be evaluated: {exc}") from None
         if not holds:

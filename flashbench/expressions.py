@@ -52,6 +52,8 @@ def _extreme(pick):
                 return math.inf if pick == "min" else -math.inf
             return getattr(values[0], pick)().item()
         if any(isinstance(value, torch.Tensor) for value in values):  # several: element by element, as torch's
+            if any(isinstance(value, tuple) for value in values):  # as a tensor it would escape _check_many's sizes
+                raise ValueError(f"{pick} of a tensor and a tuple")
             return functools.reduce({"max": torch.maximum, "min": torch.minimum}[pick], map(torch.as_tensor, values))
         return {"max": max, "min": min}[pick](*values)
     return apply

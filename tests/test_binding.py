@@ -199,3 +199,12 @@ def test_check_tensor_shape():
     check_tensor("x", torch.zeros(2, 3), "float32", [2, 3])
     with pytest.raises(BindingError, match=r"x: expected shape \[3, 2\], got \[2, 3\]"):
         check_tensor("x", torch.zeros(2, 3), "float32", [3, 2])
+
+
+@pytest.mark.parametrize("constraint", ["max(kv_indptr, 0)", "min(kv_indices, num_pages)", "kv_indptr[1:]"])
+def test_a_constraint_of_many_values_is_a_binding_error(decode, constraint):
+    """min and max of a tensor and a number go element by element: a constraint so written gave a tensor, and
+    `not holds` raised RuntimeError (a traceback in `validate`) where Python's max had raised inside evaluate."""
+    definition = decode.model_copy(update={"constraints": [*decode.constraints, constraint]})
+    with pytest.raises(BindingError, match="gives 4 values|gives 7 values|gives 3 values"):
+        bind_axes(definition, decode_inputs(kv_lens=(2, 0, 5)))

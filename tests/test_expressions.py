@@ -244,6 +244,11 @@ def test_min_and_max_of_several_values_with_a_tensor_go_element_by_element():
     assert parse("sum(min(q, k))", frozenset({"q", "k"}), frozenset({"min", "sum"})).evaluate({"q": q, "k": k}) == 5
     assert parse("sum(max(q, 2))", frozenset({"q"}), frozenset({"max", "sum"})).evaluate({"q": q}) == 9
     assert parse("min(3, 5)", frozenset(), frozenset({"min"})).evaluate({}) == 3
+    # A tuple beside a tensor would be a tensor too, one no size check saw: a literal column of 800 `(0,)` against
+    # a long index made 800 times the index (a reviewer: 3.9 GB for an index of 200,000).
+    column = "(" + ",".join(["(0,)"] * 800) + ")"
+    with pytest.raises(ValueError, match="max of a tensor and a tuple"):
+        parse(f"sum(max(q, {column}))", frozenset({"q"}), frozenset({"max", "sum"})).evaluate({"q": q})
 
 
 def test_min_and_max_of_an_empty_tensor_hold_vacuously():

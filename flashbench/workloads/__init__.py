@@ -20,14 +20,14 @@ import numpy as np
 import torch
 
 from ..binding import BindingError, bind_axes, output_shapes
-from ..dtypes import nbytes, torch_dtype
+from ..dtypes import torch_dtype
 from ..errors import shortened
 from ..model import Definition, Workload
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
 from .generators import DATA_OUTPUTS, GENERATORS, INDEX_RULES, DataSource, GeneratedData, IndexRule, sample_lengths
-from .tensors import (DEFAULT_RANDOM, JOB_MEMORY_SHARE, LARGEST_GPU_BYTES, captured_memory_budget, job_bytes,
-                      job_memory_budget, random_tensor, refill_random, safetensors_tensor, scalable, scalar_value,
-                      symmetric)
+from .tensors import (DEFAULT_RANDOM, JOB_MEMORY_SHARE, LARGEST_GPU_BYTES, captured_memory_budget, input_set_bytes,
+                      job_bytes, job_memory_budget, outputs_bytes, random_tensor, refill_random, safetensors_tensor,
+                      scalable, scalar_value, symmetric)
 
 __all__ = ["GENERATORS", "GeneratedData", "derive_seed", "generate_inputs", "random_inputs", "whole_redrawn",
            "refill_whole", "draw_windows", "window_copies", "window_elements", "window_spans", "window_starts",
@@ -164,9 +164,9 @@ def workload_problem(definition: Definition, workload: Workload, base_dir: Path,
     fixed = unredrawn_data_inputs(definition, workload)
     if fixed:  # the same data on every call: a solution could memoize its outputs
         return f"inputs {', '.join(fixed)} carry data that no call redraws"
-    return set_memory_problem(sum(t.nbytes for t in inputs.values() if isinstance(t, torch.Tensor)),
-                              sum(nbytes(definition.outputs[name].dtype, shape) for name, shape in outputs.items()),
-                              device)
+    return set_memory_problem(input_set_bytes(inputs),
+                              outputs_bytes({name: (definition.outputs[name].dtype, shape)
+                                             for name, shape in outputs.items()}), device)
 
 
 def set_memory_problem(set_bytes: int, output_bytes: int, device: str | None) -> str | None:

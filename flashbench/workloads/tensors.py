@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..dtypes import dtype_name, is_float, torch_dtype
+from ..dtypes import dtype_name, is_float, nbytes, torch_dtype
 from ..environment import usable_memory
 from ..errors import shortened
 from ..model.workload import RandomInput, SafetensorsInput, ScalarInput
@@ -164,6 +164,16 @@ def job_memory_budget(device: str) -> int | None:
 # The most memory of any GPU made now (an NVIDIA B300's 288 GB): `validate` knows no device, so it refuses only a
 # workload one input set of which no GPU could hold (job_bytes within JOB_MEMORY_SHARE of this).
 LARGEST_GPU_BYTES = 288 * 10**9
+
+
+def input_set_bytes(inputs: dict) -> int:
+    """The bytes of an input set's tensors (its scalars take none)."""
+    return sum(value.nbytes for value in inputs.values() if isinstance(value, torch.Tensor))
+
+
+def outputs_bytes(outputs: dict[str, tuple[str, list[int]]]) -> int:
+    """The bytes of a call's outputs, given as {name: (dtype, shape)}."""
+    return sum(nbytes(dtype, shape) for dtype, shape in outputs.values())
 
 
 def job_bytes(count: int, set_bytes: int, output_bytes: int) -> int:

@@ -15,10 +15,9 @@ from pathlib import Path
 import torch
 
 from ...binding import bind_axes, output_shapes
-from ...dtypes import nbytes
 from ...model import Definition, Workload
 from ...workloads import generate_inputs, random_inputs
-from ...workloads.tensors import job_bytes
+from ...workloads.tensors import input_set_bytes, job_bytes, outputs_bytes
 from ..recipe import InputSets
 
 
@@ -49,10 +48,9 @@ class JobInputs:
         self.scalars = {name: value for name, value in first.items() if not isinstance(value, torch.Tensor)}
         shapes = output_shapes(definition, bind_axes(definition, first))
         self.outputs = {name: (spec.dtype, shapes[name]) for name, spec in definition.outputs.items()}
-        self.output_bytes = sum(nbytes(dtype, shape) for dtype, shape in self.outputs.values())
+        self.output_bytes = outputs_bytes(self.outputs)
         count = len(set_seeds) if budget_bytes is None else sets_within(
-            budget_bytes, len(set_seeds), sum(t.numel() * t.element_size() for t in self.tensors.values()),
-            self.output_bytes)
+            budget_bytes, len(set_seeds), input_set_bytes(self.tensors), self.output_bytes)
         rest = [drawn(seed) for seed in set_seeds[1:count]]
         self.sets = [first] + [host for host, _ in rest]
         # What each set holds now, the calls made so far replayed on it; on the device.

@@ -180,22 +180,23 @@ def _copy_into(source: Path, staging: Path, documentation: bool = False) -> None
     for), as build.walk_folder read them, within its limits. FolderError for a link walk_folder refuses:
     the folder is refused before anything of it is staged."""
     staging.mkdir(parents=True, exist_ok=True)
-    for relative, data, problem in walk_folder(source):
-        if is_documentation(relative) and not documentation:
-            continue
-        if problem:
-            raise FolderError(problem)
-        _write_new(staging, relative, data)
+    with contextlib.ExitStack() as held:
+        top = open_below(None, [staging], held)  # opened once; what lies below it, by descriptor for each file
+        for relative, data, problem in walk_folder(source):
+            if is_documentation(relative) and not documentation:
+                continue
+            if problem:
+                raise FolderError(problem)
+            _write_new(top, staging, relative, data)
 
 
-def _write_new(root: Path, relative: str, data: bytes) -> None:
+def _write_new(top: int, root: Path, relative: str, data: bytes) -> None:
     """`data` as a new file at `relative` under `root`, in folders made here: never through a link or over a
     file already there. Staging copies several folders into one (a solution's and its shared ones'); a link
     one of them brought, with a file of another under its name, let the runner write that file wherever the
-    link led (a .pth in site-packages, run by every later interpreter)."""
+    link led (a .pth in site-packages, run by every later interpreter). `root` is open as `top`."""
     *folders, name = PurePosixPath(relative).parts
     with contextlib.ExitStack() as held:
-        top = open_below(None, [root], held)  # made by mkdtemp for this staging alone
         try:
             folder = open_below(top, folders, held, made=[])
             descriptor = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder)
